@@ -1,1 +1,163 @@
+//! The Gateway server: a messaging gateway that checks every send (purpose, content,
+//! suppression, fair-use limits) before delivery.
+//!
+//! `start_server` is what the `gateway` binary and every test call: it opens the store
+//! (applying migrations), builds the send pipeline over a provider and a policy engine,
+//! starts the HTTP server and the background workers, and returns a `RunningServer`
+//! that owns them all. `main` only parses, loads, logs and waits for a signal.
 
+pub mod apikey;
+pub mod config;
+pub mod http;
+pub mod net;
+pub mod ops;
+pub mod policy;
+pub mod provider;
+pub mod send;
+pub mod store;
+
+use config::Config;
+use dropshot::{ConfigDropshot, ConfigLogging, ConfigLoggingIfExists, ConfigLoggingLevel, HandlerTaskMode, ServerBuilder};
+use slog::{Logger, info, warn};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use store::Store;
+use tokio::task::JoinHandle;
+
+/// A server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error("building the API description: {0}")]
+    Api(String),
+    #[error("starting the HTTP server: {0}")]
+    Http(String),
+    #[error("the {0} provider is not available in this build")]
+    Provider(String),
+}
+
+/// Replaceable parts of the server (tests and later issues plug in here).
+pub struct Parts {
+    pub provider: Arc<dyn provider::Provider>,
+    pub policy: Arc<dyn policy::PolicyEngine>,
+}
+
+impl Parts {
+    /// The parts `config` asks for.
+    pub fn from_config(config: &Config) -> Result<Parts, StartError> {
+        let provider: Arc<dyn provider::Provider> = match config.provider.as_str() {
+            "simulator" => Arc::new(provider::Simulator),
+            other => return Err(StartError::Provider(other.to_string())),
+        };
+        Ok(Parts { provider, policy: Arc::new(policy::Builtin) })
+    }
+}
+
+/// A running gateway: HTTP server, store and background workers.
+pub struct RunningServer {
+    http: dropshot::HttpServer<Arc<http::AppState>>,
+    store: Store,
+    workers: Vec<JoinHandle<()>>,
+    log: Logger,
+}
+
+impl RunningServer {
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.http.local_addr()
+    }
+
+    /// The store the server uses.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Stops accepting, lets requests in flight finish, stops workers, closes the store.
+    pub async fn close(self) -> Result<(), String> {
+        let result = self.http.close().await;
+        for worker in &self.workers {
+            worker.abort();
+        }
+        self.store.close().await;
+        info!(self.log, "gateway stopped");
+        result
+    }
+
+    /// Resolves when the HTTP server stops by itself.
+    pub async fn wait_for_shutdown(&self) -> Result<(), String> {
+        self.http.wait_for_shutdown().await
+    }
+}
+
+/// Starts the gateway described by `config` with its default parts.
+pub async fn start_server(log: Logger, config: &Config) -> Result<RunningServer, StartError> {
+    let parts = Parts::from_config(config)?;
+    start_server_with(log, config, parts).await
+}
+
+/// Starts the gateway with the given parts.
+pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Result<RunningServer, StartError> {
+    let config = Arc::new(config.clone());
+    if config.allow_loopback_targets {
+        warn!(log, "GATEWAY_ALLOW_LOOPBACK_TARGETS is on: webhook and media URLs may point at loopback; \
+                    use this for development and tests only");
+    }
+    let store = Store::open(&config.database_url, config.database_max_connections).await?;
+    let sender = send::Sender::new(store.clone(), parts.provider, parts.policy, config.clone());
+    let state = Arc::new(http::AppState::new(store.clone(), sender));
+    let api = http::api_description().map_err(StartError::Api)?;
+    let dropshot_config = ConfigDropshot {
+        bind_address: config.listen,
+        default_request_body_max_bytes: 64 * 1024,
+        default_handler_task_mode: HandlerTaskMode::Detached,
+        ..Default::default()
+    };
+    let http = ServerBuilder::new(api, state, log.new(slog::o!("component" => "http")))
+        .config(dropshot_config)
+        .start()
+        .map_err(|e| StartError::Http(e.to_string()))?;
+    let workers = vec![spawn_counter_pruner(store.clone(), log.new(slog::o!("component" => "store")))];
+    info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
+          "provider" => &config.provider);
+    Ok(RunningServer { http, store, workers, log })
+}
+
+/// Deletes limit counters whose window is over, every ten minutes.
+fn spawn_counter_pruner(store: Store, log: Logger) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(600));
+        loop {
+            tick.tick().await;
+            match store.prune_counters().await {
+                Ok(n) if n > 0 => info!(log, "pruned limit counters"; "rows" => n),
+                Ok(_) => {}
+                Err(e) => warn!(log, "pruning limit counters failed"; "error" => %e),
+            }
+        }
+    })
+}
+
+/// The root logger `config` asks for: bunyan JSON lines (stderr or `log_file`), or
+/// human-readable lines on stderr. Stdout is left to the CLI's JSON output.
+pub fn make_logger(config: &Config) -> Result<Logger, String> {
+    let level = match config.log_level.as_str() {
+        "trace" => ConfigLoggingLevel::Trace,
+        "debug" => ConfigLoggingLevel::Debug,
+        "info" => ConfigLoggingLevel::Info,
+        "warn" => ConfigLoggingLevel::Warn,
+        "error" => ConfigLoggingLevel::Error,
+        "critical" => ConfigLoggingLevel::Critical,
+        other => return Err(format!("unknown log level {other:?}")),
+    };
+    let logging = match (config.log_format.as_str(), &config.log_file) {
+        ("pretty", None) => ConfigLogging::StderrTerminal { level },
+        (_, file) => ConfigLogging::File {
+            level,
+            path: file.clone().unwrap_or_else(|| "/dev/stderr".to_string()).into(),
+            if_exists: ConfigLoggingIfExists::Append,
+        },
+    };
+    logging.to_logger("gateway").map_err(|e| e.to_string())
+}

@@ -1,1 +1,271 @@
-fn main(){}
+//! `gateway`: run the server and operate it.
+//!
+//! ```text
+//! gateway serve                      # 127.0.0.1:8080, SQLite ./gateway.db, simulator
+//! gateway demo                       # demo customer, instance "demo", an API key
+//! gateway --database-url postgres://localhost/gateway migrate
+//! ```
+//!
+//! Every command but `serve` prints one JSON document on stdout; logs go to stderr.
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use gateway_server::config::Config;
+use gateway_server::store::{LimitOverrides, Store};
+use gateway_server::{ops, start_server};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "gateway", version, about = "Messaging gateway: serve and operate")]
+struct Cli {
+    /// TOML configuration file (every key is optional).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Database URL; overrides the file and GATEWAY_DATABASE_URL.
+    #[arg(long, global = true)]
+    database_url: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP server until Ctrl-C or SIGTERM.
+    Serve {
+        /// Address to bind; overrides the file and GATEWAY_LISTEN.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Create (or reuse) the demo customer and instance, and print a new API key.
+    Demo,
+    /// Customers.
+    Customer {
+        #[command(subcommand)]
+        command: CustomerCommand,
+    },
+    /// Plans.
+    Plan {
+        #[command(subcommand)]
+        command: PlanCommand,
+    },
+    /// Instances.
+    Instance {
+        #[command(subcommand)]
+        command: InstanceCommand,
+    },
+    /// API keys.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+    /// Suppressed recipients.
+    Suppression {
+        #[command(subcommand)]
+        command: SuppressionCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CustomerCommand {
+    /// Create a customer.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value = "none", value_parser = ["starter", "scale", "none"])]
+        plan: String,
+        /// Approve a Scale plan at once.
+        #[arg(long)]
+        approve: bool,
+    },
+    /// Turn the api and pbx modules on or off.
+    Modules {
+        #[arg(long)]
+        customer: String,
+        #[arg(long, value_parser = ["on", "off"])]
+        api: Option<String>,
+        #[arg(long, value_parser = ["on", "off"])]
+        pbx: Option<String>,
+    },
+    /// Set an operator's reviewed override of the plan's limits.
+    Limits {
+        #[arg(long)]
+        customer: String,
+        #[arg(long)]
+        daily: Option<i64>,
+        #[arg(long)]
+        monthly: Option<i64>,
+        #[arg(long)]
+        instance_per_minute: Option<i64>,
+        #[arg(long)]
+        recipient_per_minute: Option<i64>,
+    },
+    /// Show a customer.
+    Show { id: String },
+}
+
+#[derive(Subcommand)]
+enum PlanCommand {
+    /// Assign or renew a plan (starts a new 30-day period).
+    Assign {
+        #[arg(long)]
+        customer: String,
+        #[arg(long, value_parser = ["starter", "scale"])]
+        plan: String,
+        #[arg(long)]
+        approve: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum InstanceCommand {
+    /// Create an instance.
+    Create {
+        #[arg(long)]
+        customer: String,
+        #[arg(long)]
+        name: String,
+        /// Mark it connected at once (simulator).
+        #[arg(long)]
+        connected: bool,
+    },
+    /// Pause an instance for responsible-messaging review.
+    Pause {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Resume a paused instance.
+    Resume { id: String },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Create an API key (printed once).
+    Create {
+        #[arg(long)]
+        customer: String,
+        #[arg(long, default_value = "default")]
+        name: String,
+    },
+    /// Revoke an API key (takes effect on the next request).
+    Revoke { key_id: String },
+}
+
+#[derive(Subcommand)]
+enum SuppressionCommand {
+    /// Suppress a recipient for a customer.
+    Add {
+        #[arg(long)]
+        customer: String,
+        #[arg(long)]
+        phone: String,
+        #[arg(long, default_value = "manual")]
+        reason: String,
+    },
+    /// Remove a suppressed recipient.
+    Remove {
+        #[arg(long)]
+        customer: String,
+        #[arg(long)]
+        phone: String,
+    },
+}
+
+fn on_off(v: Option<String>) -> Option<bool> {
+    v.map(|v| v == "on")
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(e) = run().await {
+        let out = json!({"error": format!("{e:#}")});
+        eprintln!("{out}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<()> {
+    let cli = Cli::parse();
+    let mut config = Config::load(cli.config.as_deref(), std::env::vars()).context("loading the configuration")?;
+    if let Some(url) = cli.database_url {
+        config.database_url = url;
+    }
+    if let Command::Serve { listen } = cli.command {
+        if let Some(listen) = listen {
+            config.listen = listen;
+        }
+        return serve(config).await;
+    }
+    let store = Store::open(&config.database_url, 2).await.context("opening the database")?;
+    let out = operate(&store, &config, cli.command).await;
+    store.close().await;
+    println!("{}", serde_json::to_string_pretty(&out?)?);
+    Ok(())
+}
+
+async fn operate(store: &Store, config: &Config, command: Command) -> Result<Value> {
+    Ok(match command {
+        Command::Serve { .. } => unreachable!("handled in run"),
+        Command::Migrate => json!({"migrated": true, "backend": format!("{:?}", store.backend()).to_lowercase()}),
+        Command::Demo => ops::demo(store, config).await?,
+        Command::Customer { command } => match command {
+            CustomerCommand::Create { name, plan, approve } => {
+                let plan = (plan != "none").then_some(plan);
+                ops::customer_json(&ops::create_customer(store, &name, plan.as_deref(), approve).await?)
+            }
+            CustomerCommand::Modules { customer, api, pbx } => {
+                ops::customer_json(&store.set_modules(&customer, on_off(api), on_off(pbx)).await?)
+            }
+            CustomerCommand::Limits { customer, daily, monthly, instance_per_minute, recipient_per_minute } => {
+                let limits = LimitOverrides { daily, monthly, instance_per_minute, recipient_per_minute };
+                ops::customer_json(&ops::set_limits(store, &customer, &limits).await?)
+            }
+            CustomerCommand::Show { id } => ops::customer_json(&store.customer(&id).await?),
+        },
+        Command::Plan { command: PlanCommand::Assign { customer, plan, approve } } => {
+            ops::customer_json(&ops::assign_plan(store, &customer, &plan, approve).await?)
+        }
+        Command::Instance { command } => match command {
+            InstanceCommand::Create { customer, name, connected } => {
+                ops::instance_json(&ops::create_instance(store, config, &customer, &name, connected).await?)
+            }
+            InstanceCommand::Pause { id, reason } => {
+                ops::instance_json(&store.set_paused(&id, true, Some(reason.as_deref().unwrap_or("review"))).await?)
+            }
+            InstanceCommand::Resume { id } => ops::instance_json(&store.set_paused(&id, false, None).await?),
+        },
+        Command::Key { command } => match command {
+            KeyCommand::Create { customer, name } => ops::create_key(store, &customer, &name).await?,
+            KeyCommand::Revoke { key_id } => ops::key_json(&store.revoke_api_key(&key_id).await?),
+        },
+        Command::Suppression { command } => match command {
+            SuppressionCommand::Add { customer, phone, reason } => {
+                let phone = ops::phone_arg(&phone)?;
+                store.add_suppression(&customer, &phone, &reason, "manual").await?;
+                json!({"customer_id": customer, "phone": phone, "suppressed": true, "reason": reason})
+            }
+            SuppressionCommand::Remove { customer, phone } => {
+                let phone = ops::phone_arg(&phone)?;
+                let removed = store.remove_suppression(&customer, &phone).await?;
+                json!({"customer_id": customer, "phone": phone, "suppressed": false, "removed": removed})
+            }
+        },
+    })
+}
+
+async fn serve(config: Config) -> Result<()> {
+    let log = gateway_server::make_logger(&config).map_err(anyhow::Error::msg)?;
+    let server = start_server(log.clone(), &config).await?;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = sigterm.recv() => {}
+        r = server.wait_for_shutdown() => { r.map_err(anyhow::Error::msg)?; }
+    }
+    slog::info!(log, "shutting down");
+    server.close().await.map_err(anyhow::Error::msg)?;
+    Ok(())
+}

@@ -1,0 +1,350 @@
+//! Typed configuration: TOML file (optional) plus `GATEWAY_` environment overrides.
+//!
+//! Defaults make `gateway serve` work with no file at all: 127.0.0.1:8080, SQLite in the
+//! working directory, the simulator provider, the velocity and plan limits of DESIGN.md.
+//! The names operators rely on (`GATEWAY_DATABASE_URL`, `GATEWAY_LISTEN`, ...) are
+//! top-level keys, so the variable is the key in upper case with the prefix; a nested
+//! key is reached with a double underscore (`GATEWAY_LIMITS__INSTANCE_PER_MINUTE`).
+//! `server/examples/config.toml` documents every key and a test parses it.
+
+use serde::{Deserialize, Deserializer};
+use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
+
+/// Everything the gateway reads at start.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `sqlite://PATH?mode=rwc` or `postgres://...`.
+    pub database_url: String,
+    /// Largest number of pooled database connections (PostgreSQL; SQLite readers).
+    pub database_max_connections: u32,
+    /// Address the HTTP server binds.
+    pub listen: SocketAddr,
+    /// The gateway's own base URL as providers reach it; `http://{listen}` when unset.
+    pub public_url: Option<String>,
+    /// Provider for new instances: `simulator` (built in) or `evolution`.
+    pub provider: String,
+    /// Base URL of the Evolution-compatible provider.
+    pub evolution_url: Option<String>,
+    /// Global API key of the Evolution-compatible provider.
+    pub evolution_api_key: Option<String>,
+    /// How long a provider may take to accept a send before it is a failure.
+    pub provider_timeout_ms: u64,
+    /// Directory of policy modules watched for hot reload (used by the policy engine).
+    pub policies_dir: Option<String>,
+    /// Lets webhook and media URLs point at loopback addresses (development, tests).
+    #[serde(deserialize_with = "flexible_bool")]
+    pub allow_loopback_targets: bool,
+    /// `json` (bunyan JSON lines on stderr) or `pretty` (human-readable on stderr).
+    pub log_format: String,
+    /// `trace`, `debug`, `info`, `warn`, `error` or `critical`.
+    pub log_level: String,
+    /// Write logs to this file instead of stderr (JSON).
+    pub log_file: Option<String>,
+    /// Velocity control.
+    pub limits: VelocityLimits,
+    /// Plan definitions.
+    pub plans: Plans,
+    /// Media size caps, in bytes of decoded content.
+    pub media: MediaLimits,
+}
+
+/// Sends a minute per instance and per (instance, recipient), per plan unless a
+/// customer has a reviewed override.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VelocityLimits {
+    pub instance_per_minute: i64,
+    pub recipient_per_minute: i64,
+}
+
+/// Limits of one plan.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanLimits {
+    pub instances: i64,
+    pub daily_messages: i64,
+    pub monthly_messages: i64,
+    /// Overrides `limits.instance_per_minute` for this plan.
+    #[serde(default)]
+    pub instance_per_minute: Option<i64>,
+    /// Overrides `limits.recipient_per_minute` for this plan.
+    #[serde(default)]
+    pub recipient_per_minute: Option<i64>,
+}
+
+/// The two plans of the specification.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Plans {
+    pub starter: PlanLimits,
+    pub scale: PlanLimits,
+}
+
+/// Decoded size caps per media type.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MediaLimits {
+    pub max_image_bytes: usize,
+    pub max_document_bytes: usize,
+    pub max_audio_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            database_url: "sqlite://gateway.db?mode=rwc".to_string(),
+            database_max_connections: 8,
+            listen: "127.0.0.1:8080".parse().unwrap(),
+            public_url: None,
+            provider: "simulator".to_string(),
+            evolution_url: None,
+            evolution_api_key: None,
+            provider_timeout_ms: 15_000,
+            policies_dir: None,
+            allow_loopback_targets: false,
+            log_format: "json".to_string(),
+            log_level: "info".to_string(),
+            log_file: None,
+            limits: VelocityLimits::default(),
+            plans: Plans::default(),
+            media: MediaLimits::default(),
+        }
+    }
+}
+
+impl Default for VelocityLimits {
+    fn default() -> Self {
+        VelocityLimits { instance_per_minute: 30, recipient_per_minute: 5 }
+    }
+}
+
+impl Default for Plans {
+    fn default() -> Self {
+        Plans {
+            starter: PlanLimits {
+                instances: 1,
+                daily_messages: 100,
+                monthly_messages: 2_000,
+                instance_per_minute: None,
+                recipient_per_minute: None,
+            },
+            scale: PlanLimits {
+                instances: 10,
+                daily_messages: 1_500,
+                monthly_messages: 30_000,
+                instance_per_minute: None,
+                recipient_per_minute: None,
+            },
+        }
+    }
+}
+
+impl Default for MediaLimits {
+    fn default() -> Self {
+        MediaLimits {
+            max_image_bytes: 5 * 1024 * 1024,
+            max_document_bytes: 16 * 1024 * 1024,
+            max_audio_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// A configuration that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("parsing {path}: {source}")]
+    Parse { path: String, source: toml::de::Error },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Reads `file` (if any), then applies `GATEWAY_*` variables from `env`.
+    pub fn load(file: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
+        let mut table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+                text.parse::<toml::Table>()
+                    .map_err(|source| ConfigError::Parse { path: path.display().to_string(), source })?
+            }
+            None => toml::Table::new(),
+        };
+        let overrides: BTreeMap<String, String> = env
+            .into_iter()
+            .filter_map(|(k, v)| k.strip_prefix("GATEWAY_").map(|k| (k.to_ascii_lowercase(), v)))
+            .filter(|(k, _)| !k.starts_with("test_"))
+            .collect();
+        for (key, value) in overrides {
+            let mut parts: Vec<&str> = key.split("__").collect();
+            let leaf = parts.pop().unwrap_or_default();
+            let mut at = &mut table;
+            for part in parts {
+                at = at
+                    .entry(part.to_string())
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+                    .as_table_mut()
+                    .ok_or_else(|| ConfigError::Invalid(format!("GATEWAY_{key}: {part} is not a section")))?;
+            }
+            at.insert(leaf.to_string(), env_value(&value));
+        }
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|source| ConfigError::Parse { path: "configuration".to_string(), source })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses a TOML text (no environment).
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config =
+            toml::from_str(text).map_err(|source| ConfigError::Parse { path: "configuration".to_string(), source })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !matches!(self.provider.as_str(), "simulator" | "evolution") {
+            return Err(ConfigError::Invalid(format!("provider must be simulator or evolution, not {:?}", self.provider)));
+        }
+        if !matches!(self.log_format.as_str(), "json" | "pretty") {
+            return Err(ConfigError::Invalid(format!("log_format must be json or pretty, not {:?}", self.log_format)));
+        }
+        let all_limits = [
+            self.limits.instance_per_minute,
+            self.limits.recipient_per_minute,
+            self.plans.starter.daily_messages,
+            self.plans.starter.monthly_messages,
+            self.plans.scale.daily_messages,
+            self.plans.scale.monthly_messages,
+        ];
+        if all_limits.iter().any(|n| *n < 1) {
+            return Err(ConfigError::Invalid("limits must be at least 1".to_string()));
+        }
+        Ok(())
+    }
+
+    /// The provider timeout as a duration.
+    pub fn provider_timeout(&self) -> Duration {
+        Duration::from_millis(self.provider_timeout_ms)
+    }
+
+    /// The limits of `plan` (`starter` or `scale`).
+    pub fn plan(&self, plan: &str) -> Option<&PlanLimits> {
+        match plan {
+            "starter" => Some(&self.plans.starter),
+            "scale" => Some(&self.plans.scale),
+            _ => None,
+        }
+    }
+}
+
+/// An environment value as TOML: integers and booleans keep their type, the rest is text.
+fn env_value(value: &str) -> toml::Value {
+    if let Ok(n) = value.parse::<i64>() {
+        return toml::Value::Integer(n);
+    }
+    match value {
+        "true" => toml::Value::Boolean(true),
+        "false" => toml::Value::Boolean(false),
+        _ => toml::Value::String(value.to_string()),
+    }
+}
+
+/// `true`/`false`, `1`/`0`, or those as text.
+fn flexible_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Flexible {
+        Bool(bool),
+        Int(i64),
+        Text(String),
+    }
+    match Flexible::deserialize(d)? {
+        Flexible::Bool(b) => Ok(b),
+        Flexible::Int(n) => Ok(n != 0),
+        Flexible::Text(s) => match s.as_str() {
+            "1" | "true" | "yes" | "on" => Ok(true),
+            "0" | "false" | "no" | "off" | "" => Ok(false),
+            other => Err(serde::de::Error::custom(format!("not a boolean: {other:?}"))),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_parses_and_documents_every_key() {
+        let text = include_str!("../examples/config.toml");
+        let config = Config::from_toml(text).expect("examples/config.toml parses");
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
+        // Every top-level key of the struct appears in the example.
+        for key in [
+            "database_url",
+            "database_max_connections",
+            "listen",
+            "public_url",
+            "provider",
+            "evolution_url",
+            "evolution_api_key",
+            "provider_timeout_ms",
+            "policies_dir",
+            "allow_loopback_targets",
+            "log_format",
+            "log_level",
+            "log_file",
+            "[limits]",
+            "instance_per_minute",
+            "recipient_per_minute",
+            "[plans.starter]",
+            "[plans.scale]",
+            "daily_messages",
+            "monthly_messages",
+            "[media]",
+            "max_image_bytes",
+            "max_document_bytes",
+            "max_audio_bytes",
+        ] {
+            assert!(text.contains(key), "examples/config.toml does not document {key}");
+        }
+    }
+
+    #[test]
+    fn defaults_need_no_file() {
+        let c = Config::load(None, Vec::new()).unwrap();
+        assert_eq!(c.database_url, "sqlite://gateway.db?mode=rwc");
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.provider, "simulator");
+        assert_eq!((c.limits.instance_per_minute, c.limits.recipient_per_minute), (30, 5));
+        assert_eq!((c.plans.starter.daily_messages, c.plans.starter.monthly_messages), (100, 2000));
+        assert_eq!((c.plans.scale.instances, c.plans.scale.daily_messages), (10, 1500));
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let env = [
+            ("GATEWAY_LISTEN", "127.0.0.1:9999"),
+            ("GATEWAY_ALLOW_LOOPBACK_TARGETS", "1"),
+            ("GATEWAY_LIMITS__INSTANCE_PER_MINUTE", "7"),
+            ("GATEWAY_TEST_DATABASE_URL", "postgres://ignored"),
+            ("OTHER", "x"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let c = Config::load(None, env).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9999");
+        assert!(c.allow_loopback_targets);
+        assert_eq!(c.limits.instance_per_minute, 7);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        assert!(Config::from_toml("listne = \"127.0.0.1:1\"").is_err());
+        assert!(Config::from_toml("provider = \"carrier-pigeon\"").is_err());
+        assert!(Config::from_toml("[limits]\ninstance_per_minute = 0").is_err());
+    }
+}

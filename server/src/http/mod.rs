@@ -1,0 +1,204 @@
+//! HTTP layer: the `GatewayApi` implementation and the unpublished informational routes.
+//!
+//! Handlers stay thin: authenticate, read the body, hand over to the send pipeline,
+//! map the result. A panic anywhere below a handler is caught here and answered as 500
+//! `internal_error` (Dropshot would drop the connection).
+
+mod auth;
+pub mod error;
+
+use crate::send::{SendInput, Sender};
+use crate::store::{Store, now_ms};
+use dropshot::{Body, HttpError, HttpResponseOk, RequestContext, endpoint};
+use futures::FutureExt;
+use gateway_api::{ApiError, GatewayApi, JsonBody, SendMessageRequest, SendMessageResponse};
+use http::{HeaderMap, Response, StatusCode, header};
+use slog::{Logger, error, info};
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+
+/// How often `last_used_at` of a key is written at most.
+const KEY_TOUCH_INTERVAL_MS: i64 = 60_000;
+
+/// State shared by every handler.
+pub struct AppState {
+    pub store: Store,
+    pub sender: Sender,
+    /// When each key's `last_used_at` was last written.
+    key_touched: Mutex<HashMap<String, i64>>,
+}
+
+impl AppState {
+    /// State over a store and a pipeline.
+    pub fn new(store: Store, sender: Sender) -> Self {
+        AppState { store, sender, key_touched: Mutex::new(HashMap::new()) }
+    }
+
+    /// Writes `last_used_at` at most once a minute per key, off the request path.
+    fn touch_key(self: &Arc<Self>, key_id: &str, log: &Logger) {
+        let now = now_ms();
+        {
+            let mut touched = self.key_touched.lock().unwrap_or_else(|p| p.into_inner());
+            if touched.get(key_id).is_some_and(|at| now - at < KEY_TOUCH_INTERVAL_MS) {
+                return;
+            }
+            touched.insert(key_id.to_string(), now);
+        }
+        let (state, key_id, log) = (self.clone(), key_id.to_string(), log.clone());
+        tokio::spawn(async move {
+            if let Err(e) = state.store.touch_api_key(&key_id, now).await {
+                error!(log, "recording API key use failed"; "key_id" => key_id, "error" => %e);
+            }
+        });
+    }
+}
+
+/// The implementation of the public API.
+pub enum GatewayApiImpl {}
+
+impl GatewayApi for GatewayApiImpl {
+    type Context = Arc<AppState>;
+
+    async fn message_send(
+        rqctx: RequestContext<Self::Context>,
+        body: JsonBody<SendMessageRequest>,
+    ) -> Result<HttpResponseOk<SendMessageResponse>, ApiError> {
+        let state = rqctx.context().clone();
+        let headers = rqctx.request.headers().clone();
+        let log = rqctx.log.new(slog::o!("component" => "send"));
+        catch_panics(&log, send_message(state, headers, body, log.clone())).await.map(HttpResponseOk)
+    }
+}
+
+async fn send_message(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    body: JsonBody<SendMessageRequest>,
+    log: Logger,
+) -> Result<SendMessageResponse, ApiError> {
+    let key = match auth::authenticate(&state.store, &headers).await {
+        Ok(key) => key,
+        Err(e) => {
+            info!(log, "send refused"; "error" => e.code);
+            return Err(e);
+        }
+    };
+    state.touch_key(&key.id, &log);
+    let log = log.new(slog::o!("customer_id" => key.customer_id.clone(), "key_prefix" => key.prefix.clone()));
+    let request = match body.parse().await {
+        Ok(request) => request,
+        Err(e) => {
+            info!(log, "send refused"; "error" => e.code);
+            state.sender.record_unreadable(&key.customer_id, &key.id, e.code, &e.message).await?;
+            return Err(e);
+        }
+    };
+    let input = SendInput { customer_id: key.customer_id.clone(), api_key_id: Some(key.id.clone()), source: "api", body: request };
+    match state.sender.send(&input).await {
+        Ok(sent) => {
+            info!(log, "send accepted"; "log_id" => sent.log_id, "message_id" => &sent.message_id, "type" => &sent.message_type);
+            Ok(SendMessageResponse {
+                success: true,
+                status: sent.status,
+                message_id: sent.message_id,
+                log_id: sent.log_id,
+                message_type: Some(sent.message_type),
+            })
+        }
+        Err(e) => {
+            let e = ApiError::from(e);
+            if e.status.as_u16() >= 500 {
+                error!(log, "send failed"; "error" => e.code, "internal" => e.internal.as_deref().unwrap_or(""));
+            } else {
+                info!(log, "send refused"; "error" => e.code);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Runs a handler body; a panic becomes 500 `internal_error`.
+pub async fn catch_panics<T>(
+    log: &Logger,
+    fut: impl std::future::Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    match AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            error!(log, "handler panicked"; "panic" => &what);
+            Err(ApiError::internal(format!("handler panicked: {what}")))
+        }
+    }
+}
+
+/// Serves the committed contract, byte for byte.
+#[endpoint { method = GET, path = "/openapi.json", unpublished = true }]
+async fn openapi_get(_rqctx: RequestContext<Arc<AppState>>) -> Result<Response<Body>, HttpError> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ETAG, format!("\"{}\"", gateway_contract::openapi_sha256()))
+        .body(Body::from(gateway_contract::OPENAPI_JSON))
+        .map_err(|e| HttpError::for_internal_error(e.to_string()))
+}
+
+/// Reachability smoke test.
+#[endpoint { method = GET, path = "/", unpublished = true }]
+async fn root_get(_rqctx: RequestContext<Arc<AppState>>) -> Result<Response<Body>, HttpError> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"service":"gateway","status":"ok","contract":"/openapi.json"}"#))
+        .map_err(|e| HttpError::for_internal_error(e.to_string()))
+}
+
+/// Every route the server serves: the public API plus unpublished routes.
+pub fn api_description() -> Result<dropshot::ApiDescription<Arc<AppState>>, String> {
+    let mut api = gateway_api::gateway_api_mod::api_description::<GatewayApiImpl>().map_err(|e| e.to_string())?;
+    api.register(openapi_get).map_err(|e| e.to_string())?;
+    api.register(root_get).map_err(|e| e.to_string())?;
+    Ok(api)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpublished_routes_stay_out_of_the_contract() {
+        let mut served = Vec::new();
+        api_description()
+            .unwrap()
+            .openapi(gateway_api::CONTRACT_TITLE, gateway_api::CONTRACT_VERSION)
+            .write(&mut served)
+            .unwrap();
+        let mut stub = Vec::new();
+        gateway_api::gateway_api_mod::stub_api_description()
+            .unwrap()
+            .openapi(gateway_api::CONTRACT_TITLE, gateway_api::CONTRACT_VERSION)
+            .write(&mut stub)
+            .unwrap();
+        assert_eq!(String::from_utf8(served).unwrap(), String::from_utf8(stub).unwrap());
+    }
+
+    #[test]
+    fn served_contract_is_the_committed_file() {
+        let committed = include_str!("../../../openapi/openapi.json");
+        assert_eq!(gateway_contract::OPENAPI_JSON, committed);
+    }
+
+    #[tokio::test]
+    async fn a_panic_becomes_internal_error() {
+        let log = Logger::root(slog::Discard, slog::o!());
+        let result: Result<(), ApiError> = catch_panics(&log, async { panic!("boom") }).await;
+        let e = result.unwrap_err();
+        assert_eq!((e.status.as_u16(), e.code), (500, "internal_error"));
+        assert_eq!(e.message, "an unexpected error occurred");
+    }
+}

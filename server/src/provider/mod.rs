@@ -1,0 +1,75 @@
+//! Providers: what actually delivers a message to the messaging network.
+//!
+//! The send pipeline talks to a `Provider` only after every check has passed. The
+//! built-in simulator is the default, so the gateway runs with no external service; the
+//! Evolution-compatible adapter implements the same trait in its own issue.
+
+mod simulator;
+
+pub use simulator::Simulator;
+
+use crate::send::media::Media;
+use async_trait::async_trait;
+
+/// What to deliver.
+#[derive(Clone, Debug)]
+pub struct OutboundMessage {
+    /// Recipient, E.164.
+    pub to: String,
+    /// Text body (text sends) or caption (media sends).
+    pub text: Option<String>,
+    /// Media, for media sends.
+    pub media: Option<Media>,
+}
+
+/// The instance a message goes out through.
+#[derive(Clone, Debug)]
+pub struct SendingInstance {
+    pub id: String,
+    pub name: String,
+    pub connection_state: String,
+}
+
+/// The provider accepted the message.
+#[derive(Clone, Debug)]
+pub struct ProviderReceipt {
+    /// The messaging network's message id.
+    pub message_id: String,
+    /// Status reported by the provider, e.g. `sent`.
+    pub status: String,
+}
+
+/// The provider did not accept the message.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("the instance is not connected (state {0})")]
+    NotConnected(String),
+    #[error("the provider refused the message: {0}")]
+    Rejected(String),
+    #[error("the provider did not answer within {0} ms")]
+    Timeout(u64),
+    #[error("the provider could not be reached: {0}")]
+    Unavailable(String),
+}
+
+impl ProviderError {
+    /// Short code for the log and the `message.failed` event.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProviderError::NotConnected(_) => "instance_not_connected",
+            ProviderError::Rejected(_) => "provider_rejected",
+            ProviderError::Timeout(_) => "provider_timeout",
+            ProviderError::Unavailable(_) => "provider_unavailable",
+        }
+    }
+}
+
+/// Delivers messages through connected instances.
+#[async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// Name stored on instances created with this provider.
+    fn name(&self) -> &'static str;
+
+    /// Sends one message. The pipeline bounds the call with the provider timeout.
+    async fn send(&self, instance: &SendingInstance, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError>;
+}

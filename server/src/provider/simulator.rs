@@ -1,0 +1,41 @@
+//! The built-in simulator: accepts every send on a connected instance and returns a
+//! fresh message id, except for two reserved numbers that exercise failure paths:
+//!
+//! * `+15005550001`: the provider refuses the message (the send answers 502);
+//! * `+15005550002`: the provider never answers (502 after the provider timeout).
+
+use super::{OutboundMessage, Provider, ProviderError, ProviderReceipt, SendingInstance};
+use async_trait::async_trait;
+
+/// Recipient the simulator refuses.
+pub const REFUSED_NUMBER: &str = "+15005550001";
+/// Recipient for which the simulator never answers.
+pub const TIMEOUT_NUMBER: &str = "+15005550002";
+
+/// The simulator provider.
+#[derive(Clone, Debug, Default)]
+pub struct Simulator;
+
+#[async_trait]
+impl Provider for Simulator {
+    fn name(&self) -> &'static str {
+        "simulator"
+    }
+
+    async fn send(&self, instance: &SendingInstance, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError> {
+        if instance.connection_state != "open" {
+            return Err(ProviderError::NotConnected(instance.connection_state.clone()));
+        }
+        match message.to.as_str() {
+            REFUSED_NUMBER => Err(ProviderError::Rejected("recipient refused by the simulator".to_string())),
+            TIMEOUT_NUMBER => {
+                std::future::pending::<()>().await;
+                unreachable!("a pending future never completes")
+            }
+            _ => Ok(ProviderReceipt {
+                message_id: format!("SIM{}", uuid::Uuid::new_v4().simple().to_string().to_ascii_uppercase()),
+                status: "sent".to_string(),
+            }),
+        }
+    }
+}

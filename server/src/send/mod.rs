@@ -1,0 +1,480 @@
+//! The send pipeline: every check of DESIGN.md, in its order, then the provider.
+//!
+//! schema (422) → instance (404) → plan and module (403) → paused (423) → purpose policy
+//! (422) → suppression (403) → content policy (403) → velocity (429) → daily and monthly
+//! quota (429) → provider (502). Authentication, content type and JSON come before, in
+//! the HTTP layer, because they need the raw request.
+//!
+//! Every attempt leaves exactly one message-log row, allowed or refused, with the check
+//! that decided (`policy`) and why (`reason`). Velocity and quota are reserved together
+//! in one transaction before the provider call and given back if the provider fails, so
+//! a refused or failed send consumes nothing, and a crash between the two can only
+//! over-count, never let a message through over the limit.
+
+pub mod media;
+pub mod phone;
+
+use crate::config::Config;
+use crate::policy::{Decision, PolicyContext, PolicyEngine, Stage};
+use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance};
+use crate::store::{Customer, Instance, LimitHit, LogEntry, OutboxEvent, PlanStatus, Reservation, Store, StoreError, now_ms};
+use gateway_api::{MediaType, SendMessageRequest};
+use media::Media;
+use phone::Phone;
+use std::sync::Arc;
+
+/// Longest text body accepted (the messaging network's own limit).
+pub const MAX_TEXT_CHARS: usize = 4096;
+
+const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+const MINUTE_MS: i64 = 60 * 1000;
+
+/// Why a send did not go out. Mapped to the wire in `http/error.rs`.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("{reason}")]
+    Validation { field: &'static str, reason: String },
+    #[error("phone is required")]
+    MissingPhone,
+    #[error("message is required for a text send")]
+    MissingMessageText,
+    #[error("message_purpose is required")]
+    PurposeRequired,
+    #[error("instance not found for this customer")]
+    InvalidInstance,
+    #[error("the customer has no active plan")]
+    ActivePlanRequired { plan_status: PlanStatus },
+    #[error("the {module} module is not enabled")]
+    ModuleNotEnabled { module: &'static str },
+    #[error("the instance is paused for responsible-messaging review")]
+    Paused { reason: Option<String> },
+    #[error("{reason}")]
+    PurposeNotAllowed { policy: String, reason: String },
+    #[error("{reason}")]
+    PolicyViolation { policy: String, reason: String, action: &'static str, risk_score: u8 },
+    #[error("the recipient is suppressed")]
+    Suppressed,
+    #[error("sending too fast ({scope})")]
+    Throttled { scope: &'static str, limit: i64, retry_after_seconds: i64 },
+    #[error("daily message limit reached")]
+    DailyLimit { limit: i64, used: i64, resets_at: i64 },
+    #[error("monthly message limit reached")]
+    MonthlyLimit { limit: i64, used: i64, resets_at: i64 },
+    #[error("delivery failed: {0}")]
+    Provider(#[from] ProviderError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl SendError {
+    /// The specification's error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SendError::Validation { .. } => "validation_error",
+            SendError::MissingPhone => "missing_phone",
+            SendError::MissingMessageText => "missing_message_text",
+            SendError::PurposeRequired => "message_purpose_required",
+            SendError::InvalidInstance => "invalid_instance",
+            SendError::ActivePlanRequired { .. } => "active_plan_required",
+            SendError::ModuleNotEnabled { .. } => "module_not_enabled",
+            SendError::Paused { .. } => "instance_paused_for_review",
+            SendError::PurposeNotAllowed { .. } => "message_purpose_not_allowed",
+            SendError::PolicyViolation { .. } => "policy_violation",
+            SendError::Suppressed => "recipient_suppressed",
+            SendError::Throttled { .. } => "sending_throttled",
+            SendError::DailyLimit { .. } => "daily_message_limit_exceeded",
+            SendError::MonthlyLimit { .. } => "monthly_message_limit_exceeded",
+            SendError::Provider(_) => "gateway_send_failed",
+            SendError::Store(_) => "internal_error",
+        }
+    }
+
+    /// The check that decided, as written to the message log.
+    fn check(&self) -> String {
+        match self {
+            SendError::PurposeNotAllowed { policy, .. } | SendError::PolicyViolation { policy, .. } => policy.clone(),
+            SendError::Validation { .. }
+            | SendError::MissingPhone
+            | SendError::MissingMessageText
+            | SendError::PurposeRequired => "gateway/schema".into(),
+            SendError::InvalidInstance => "gateway/instance".into(),
+            SendError::ActivePlanRequired { .. } | SendError::ModuleNotEnabled { .. } => "gateway/plan".into(),
+            SendError::Paused { .. } => "gateway/review".into(),
+            SendError::Suppressed => "gateway/suppression".into(),
+            SendError::Throttled { .. } => "gateway/velocity".into(),
+            SendError::DailyLimit { .. } | SendError::MonthlyLimit { .. } => "gateway/quota".into(),
+            SendError::Provider(_) => "gateway/provider".into(),
+            SendError::Store(_) => "gateway/store".into(),
+        }
+    }
+}
+
+/// A send as the pipeline receives it.
+#[derive(Clone, Debug)]
+pub struct SendInput {
+    pub customer_id: String,
+    pub api_key_id: Option<String>,
+    /// `api`, `pbx` or `dashboard`.
+    pub source: &'static str,
+    pub body: SendMessageRequest,
+}
+
+/// A send that went out.
+#[derive(Clone, Debug)]
+pub struct Sent {
+    pub log_id: i64,
+    pub message_id: String,
+    pub status: String,
+    pub message_type: String,
+}
+
+/// The pipeline and what it needs.
+pub struct Sender {
+    store: Store,
+    provider: Arc<dyn Provider>,
+    policy: Arc<dyn PolicyEngine>,
+    config: Arc<Config>,
+}
+
+/// A request that passed the schema step.
+struct Checked {
+    instance_ref: String,
+    phone: Phone,
+    purpose: String,
+    text: Option<String>,
+    media: Option<Media>,
+}
+
+impl Checked {
+    fn message_type(&self) -> &'static str {
+        self.media.as_ref().map_or("text", |m| m.media_type.as_str())
+    }
+}
+
+/// What the log row needs to know about the attempt, filled as the checks pass.
+struct Attempt<'a> {
+    input: &'a SendInput,
+    instance: Option<Instance>,
+    checked: Option<Checked>,
+    reservations: Vec<Reservation>,
+}
+
+impl Sender {
+    /// A pipeline over these parts.
+    pub fn new(store: Store, provider: Arc<dyn Provider>, policy: Arc<dyn PolicyEngine>, config: Arc<Config>) -> Self {
+        Sender { store, provider, policy, config }
+    }
+
+    /// Runs every check, sends, and writes the attempt's log row (and event).
+    pub async fn send(&self, input: &SendInput) -> Result<Sent, SendError> {
+        let mut attempt = Attempt { input, instance: None, checked: None, reservations: Vec::new() };
+        let result = self.run(&mut attempt).await;
+        let now = now_ms();
+        let mut entry = LogEntry {
+            customer_id: input.customer_id.clone(),
+            instance_id: attempt.instance.as_ref().map(|i| i.id.clone()),
+            api_key_id: input.api_key_id.clone(),
+            source: input.source.to_string(),
+            purpose: input.body.message_purpose.as_deref().map(|p| truncate(p, 64)),
+            recipient: match &attempt.checked {
+                Some(c) => Some(c.phone.e164.clone()),
+                None => input.body.phone.as_deref().map(|p| truncate(p, 32)),
+            },
+            message_type: attempt.checked.as_ref().map(|c| c.message_type().to_string()),
+            created_at: now,
+            ..LogEntry::default()
+        };
+        match result {
+            Ok(receipt) => {
+                entry.decision = "allowed".into();
+                entry.status = "sent".into();
+                entry.provider_message_id = Some(receipt.message_id.clone());
+                let event = self.event(&attempt, "message.sent", now, |body| {
+                    body.insert("message_id".into(), receipt.message_id.clone().into());
+                });
+                let log_id = self.store.record_attempt(&entry, event.as_ref()).await?;
+                Ok(Sent {
+                    log_id,
+                    message_id: receipt.message_id,
+                    status: receipt.status,
+                    message_type: entry.message_type.unwrap_or_else(|| "text".into()),
+                })
+            }
+            Err(SendError::Provider(error)) => {
+                if let Err(e) = self.store.release(&attempt.reservations).await {
+                    // The counters stay one higher: conservative, never over the limit.
+                    return Err(e.into());
+                }
+                entry.decision = "allowed".into();
+                entry.status = "failed".into();
+                entry.error_code = Some("gateway_send_failed".into());
+                entry.policy = Some("gateway/provider".into());
+                entry.reason = Some(error.to_string());
+                let event = self.event(&attempt, "message.failed", now, |body| {
+                    body.insert("error".into(), error.code().into());
+                });
+                self.store.record_attempt(&entry, event.as_ref()).await?;
+                Err(SendError::Provider(error))
+            }
+            Err(error) => {
+                entry.decision = "refused".into();
+                entry.status = "refused".into();
+                entry.error_code = Some(error.code().into());
+                entry.policy = Some(error.check());
+                entry.reason = Some(truncate(&error.to_string(), 500));
+                if !matches!(error, SendError::Store(_)) {
+                    self.store.record_attempt(&entry, None).await?;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Logs a request refused before the pipeline could read it (content type, JSON,
+    /// schema errors of the body parser).
+    pub async fn record_unreadable(
+        &self,
+        customer_id: &str,
+        api_key_id: &str,
+        code: &str,
+        reason: &str,
+    ) -> Result<(), StoreError> {
+        let entry = LogEntry {
+            customer_id: customer_id.to_string(),
+            api_key_id: Some(api_key_id.to_string()),
+            source: "api".into(),
+            decision: "refused".into(),
+            status: "refused".into(),
+            error_code: Some(code.to_string()),
+            policy: Some("gateway/request".into()),
+            reason: Some(truncate(reason, 500)),
+            created_at: now_ms(),
+            ..LogEntry::default()
+        };
+        self.store.record_attempt(&entry, None).await.map(|_| ())
+    }
+
+    async fn run(&self, a: &mut Attempt<'_>) -> Result<crate::provider::ProviderReceipt, SendError> {
+        let checked = self.check_schema(&a.input.body).await?;
+        let checked = a.checked.insert(checked);
+        let instance = self
+            .store
+            .find_instance(&a.input.customer_id, &checked.instance_ref)
+            .await?
+            .ok_or(SendError::InvalidInstance)?;
+        let instance = a.instance.insert(instance);
+        let customer = self.store.customer(&a.input.customer_id).await?;
+        let now = now_ms();
+        let plan_status = customer.plan_status(now);
+        if plan_status != PlanStatus::Active {
+            return Err(SendError::ActivePlanRequired { plan_status });
+        }
+        let module_on = match a.input.source {
+            "pbx" => customer.module_pbx,
+            _ => customer.module_api,
+        };
+        if !module_on {
+            return Err(SendError::ModuleNotEnabled { module: if a.input.source == "pbx" { "pbx" } else { "api" } });
+        }
+        if instance.paused {
+            return Err(SendError::Paused { reason: instance.paused_reason.clone() });
+        }
+        let mut ctx = PolicyContext {
+            stage: Stage::Purpose,
+            purpose: &checked.purpose,
+            text: checked.text.as_deref(),
+            recipient: &checked.phone.e164,
+            country_code: checked.phone.country_code,
+            customer_id: &customer.id,
+            instance_id: &instance.id,
+            source: a.input.source,
+        };
+        match self.policy.evaluate(&ctx) {
+            Decision::Allow => {}
+            Decision::Deny { policy, reason, .. } | Decision::Review { policy, reason, .. } => {
+                return Err(SendError::PurposeNotAllowed { policy, reason });
+            }
+        }
+        if self.store.is_suppressed(&customer.id, &checked.phone.e164).await? {
+            return Err(SendError::Suppressed);
+        }
+        ctx.stage = Stage::Content;
+        match self.policy.evaluate(&ctx) {
+            Decision::Allow => {}
+            Decision::Deny { policy, reason, risk_score, .. } => {
+                return Err(SendError::PolicyViolation { policy, reason, action: "block", risk_score });
+            }
+            Decision::Review { policy, reason, risk_score } => {
+                return Err(SendError::PolicyViolation { policy, reason, action: "review", risk_score });
+            }
+        }
+        let reservations = self.reservations(&customer, instance, &checked.phone.e164, now);
+        if let Err(hit) = self.store.reserve(&reservations).await? {
+            return Err(limit_error(&reservations, hit, now));
+        }
+        a.reservations = reservations;
+        let message = OutboundMessage {
+            to: checked.phone.e164.clone(),
+            text: checked.text.clone(),
+            media: checked.media.clone(),
+        };
+        let sending = SendingInstance {
+            id: instance.id.clone(),
+            name: instance.name.clone(),
+            connection_state: instance.connection_state.clone(),
+        };
+        let timeout = self.config.provider_timeout();
+        match tokio::time::timeout(timeout, self.provider.send(&sending, &message)).await {
+            Ok(Ok(receipt)) => Ok(receipt),
+            Ok(Err(e)) => Err(SendError::Provider(e)),
+            Err(_) => Err(SendError::Provider(ProviderError::Timeout(timeout.as_millis() as u64))),
+        }
+    }
+
+    async fn check_schema(&self, body: &SendMessageRequest) -> Result<Checked, SendError> {
+        let instance_ref = non_empty(&body.instance_id)
+            .ok_or_else(|| validation("instance_id", "instance_id is required"))?
+            .to_string();
+        let raw_phone = non_empty(&body.phone).ok_or(SendError::MissingPhone)?;
+        let phone = phone::normalize(raw_phone)
+            .ok_or_else(|| validation("phone", "phone is not a valid number in international format"))?;
+        let purpose = non_empty(&body.message_purpose).ok_or(SendError::PurposeRequired)?.to_string();
+        let is_media = body.media_type.is_some() || body.media.is_some() || body.mime_type.is_some() || body.file_name.is_some();
+        let (text, media) = if is_media {
+            let media_type = non_empty(&body.media_type)
+                .ok_or_else(|| validation("media_type", "media_type is required when sending media"))?;
+            let media_type = MediaType::parse(media_type)
+                .ok_or_else(|| validation("media_type", "media_type must be image, document or audio"))?;
+            let mime_type = non_empty(&body.mime_type)
+                .ok_or_else(|| validation("mime_type", "mime_type is required when sending media"))?;
+            let file_name = non_empty(&body.file_name)
+                .ok_or_else(|| validation("file_name", "file_name is required when sending media"))?;
+            if file_name.len() > 255 || file_name.contains(['/', '\\', '\0']) {
+                return Err(validation("file_name", "file_name must be a plain name of at most 255 bytes"));
+            }
+            let content = non_empty(&body.media).ok_or_else(|| validation("media", "media is required when sending media"))?;
+            let media = media::validate(
+                media_type,
+                mime_type,
+                file_name,
+                content,
+                &self.config.media,
+                self.config.allow_loopback_targets,
+            )
+            .await
+            .map_err(|e| SendError::Validation { field: e.field, reason: e.reason })?;
+            let caption = non_empty(&body.caption).or(non_empty(&body.message)).map(str::to_string);
+            (caption, Some(media))
+        } else {
+            if body.caption.is_some() {
+                return Err(validation("caption", "caption is only for media sends; use message"));
+            }
+            let text = non_empty(&body.message).ok_or(SendError::MissingMessageText)?.to_string();
+            (Some(text), None)
+        };
+        if let Some(text) = &text
+            && text.chars().count() > MAX_TEXT_CHARS
+        {
+            let field = if is_media && non_empty(&body.caption).is_some() { "caption" } else { "message" };
+            return Err(validation(field, format!("text is longer than {MAX_TEXT_CHARS} characters")));
+        }
+        Ok(Checked { instance_ref, phone, purpose, text, media })
+    }
+
+    /// Velocity (instance, recipient) and quota (day, plan period) counters of a send,
+    /// in the order they are checked.
+    fn reservations(&self, customer: &Customer, instance: &Instance, to: &str, now: i64) -> Vec<Reservation> {
+        let plan = customer.plan.as_deref().and_then(|p| self.config.plan(p)).unwrap_or(&self.config.plans.starter);
+        let o = &customer.overrides;
+        let per_instance = o
+            .instance_per_minute
+            .or(plan.instance_per_minute)
+            .unwrap_or(self.config.limits.instance_per_minute);
+        let per_recipient = o
+            .recipient_per_minute
+            .or(plan.recipient_per_minute)
+            .unwrap_or(self.config.limits.recipient_per_minute);
+        let minute = now - now.rem_euclid(MINUTE_MS);
+        let day = now - now.rem_euclid(DAY_MS);
+        let period_start = customer.plan_period_start.unwrap_or(day);
+        let period_end = customer.plan_period_end.unwrap_or(day + DAY_MS);
+        vec![
+            Reservation {
+                scope: format!("inst:{}", instance.id),
+                window_start: minute,
+                expires_at: minute + 2 * MINUTE_MS,
+                limit: per_instance.max(1),
+            },
+            Reservation {
+                scope: format!("rcpt:{}:{}", instance.id, to),
+                window_start: minute,
+                expires_at: minute + 2 * MINUTE_MS,
+                limit: per_recipient.max(1),
+            },
+            Reservation {
+                scope: format!("day:{}", customer.id),
+                window_start: day,
+                expires_at: day + 2 * DAY_MS,
+                limit: o.daily.unwrap_or(plan.daily_messages).max(1),
+            },
+            Reservation {
+                scope: format!("month:{}", customer.id),
+                window_start: period_start,
+                expires_at: period_end + DAY_MS,
+                limit: o.monthly.unwrap_or(plan.monthly_messages).max(1),
+            },
+        ]
+    }
+
+    fn event(
+        &self,
+        a: &Attempt<'_>,
+        event_type: &str,
+        now: i64,
+        extra: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+    ) -> Option<OutboxEvent> {
+        let instance = a.instance.as_ref()?;
+        let checked = a.checked.as_ref()?;
+        let timestamp = chrono::DateTime::from_timestamp_millis(now).unwrap_or_default().to_rfc3339();
+        let mut body = serde_json::Map::new();
+        body.insert("event".into(), event_type.into());
+        body.insert("instance_id".into(), instance.id.clone().into());
+        body.insert("instance_name".into(), instance.name.clone().into());
+        body.insert("timestamp".into(), timestamp.into());
+        body.insert("to".into(), checked.phone.e164.clone().into());
+        body.insert("message_purpose".into(), checked.purpose.clone().into());
+        extra(&mut body);
+        Some(OutboxEvent {
+            customer_id: a.input.customer_id.clone(),
+            instance_id: Some(instance.id.clone()),
+            event_type: event_type.to_string(),
+            payload: serde_json::Value::Object(body),
+            created_at: now,
+        })
+    }
+}
+
+fn limit_error(reservations: &[Reservation], hit: LimitHit, now: i64) -> SendError {
+    let r = &reservations[hit.index];
+    match hit.index {
+        0 | 1 => SendError::Throttled {
+            scope: if hit.index == 0 { "instance" } else { "recipient" },
+            limit: r.limit,
+            retry_after_seconds: ((r.window_start + MINUTE_MS - now + 999) / 1000).max(1),
+        },
+        2 => SendError::DailyLimit { limit: r.limit, used: hit.used, resets_at: r.window_start + DAY_MS },
+        _ => SendError::MonthlyLimit { limit: r.limit, used: hit.used, resets_at: r.expires_at - DAY_MS },
+    }
+}
+
+fn non_empty(field: &Option<String>) -> Option<&str> {
+    field.as_deref().map(str::trim).filter(|s| !s.is_empty())
+}
+
+fn validation(field: &'static str, reason: impl Into<String>) -> SendError {
+    SendError::Validation { field, reason: reason.into() }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}

@@ -1,0 +1,64 @@
+//! Recipient numbers, normalised to E.164 with libphonenumber's rules (the
+//! `phonenumber` crate, a Rust port of its metadata).
+
+/// A valid recipient number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Phone {
+    /// `+` and digits, e.g. `+14155550123`.
+    pub e164: String,
+    /// Country calling code, e.g. 1.
+    pub country_code: u16,
+}
+
+/// Parses a number in international format. Spaces, dots, dashes and parentheses are
+/// ignored, and a leading `00` or a missing `+` is read as international.
+pub fn normalize(raw: &str) -> Option<Phone> {
+    let compact: String = raw.chars().filter(|c| !matches!(c, ' ' | '-' | '.' | '(' | ')' | '\u{a0}')).collect();
+    let international = if let Some(rest) = compact.strip_prefix("00") {
+        format!("+{rest}")
+    } else if compact.starts_with('+') {
+        compact
+    } else {
+        format!("+{compact}")
+    };
+    if international.len() > 20 || !international[1..].bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let number = phonenumber::parse(None, &international).ok()?;
+    if !phonenumber::is_valid(&number) {
+        return None;
+    }
+    Some(Phone {
+        e164: number.format().mode(phonenumber::Mode::E164).to_string(),
+        country_code: number.code().value(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn international_forms_normalise_to_e164() {
+        for raw in ["+14155550123", "14155550123", "+1 (415) 555-0123", "0014155550123"] {
+            let p = normalize(raw).unwrap_or_else(|| panic!("{raw}"));
+            assert_eq!(p.e164, "+14155550123");
+            assert_eq!(p.country_code, 1);
+        }
+        assert_eq!(normalize("+55 11 98765-4321").unwrap().e164, "+5511987654321");
+        assert_eq!(normalize("+44 20 7946 0958").unwrap().country_code, 44);
+    }
+
+    #[test]
+    fn invalid_numbers_are_refused() {
+        for raw in ["", "+", "hello", "+1415", "+999123456789", "+1415555012a", "+1 415 555 0123 4567 8901"] {
+            assert!(normalize(raw).is_none(), "{raw}");
+        }
+    }
+
+    #[test]
+    fn simulator_numbers_are_valid() {
+        assert_eq!(normalize("+15005550001").unwrap().e164, "+15005550001");
+        assert_eq!(normalize("+15005550002").unwrap().e164, "+15005550002");
+    }
+}

@@ -1,0 +1,97 @@
+//! API keys: stored as a SHA-256 hash plus a short visible prefix, never in clear.
+
+use super::{Store, StoreError, new_id, now_ms};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+/// An API key as stored (without the key itself).
+#[derive(Clone, Debug)]
+pub struct ApiKeyRecord {
+    pub id: String,
+    pub customer_id: String,
+    pub name: String,
+    pub prefix: String,
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+    pub last_used_at: Option<i64>,
+}
+
+impl ApiKeyRecord {
+    fn from_row(r: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
+        Ok(ApiKeyRecord {
+            id: r.try_get("id")?,
+            customer_id: r.try_get("customer_id")?,
+            name: r.try_get("name")?,
+            prefix: r.try_get("prefix")?,
+            created_at: r.try_get("created_at")?,
+            revoked_at: r.try_get("revoked_at")?,
+            last_used_at: r.try_get("last_used_at")?,
+        })
+    }
+}
+
+const KEY_COLUMNS: &str = "id, customer_id, name, prefix, created_at, revoked_at, last_used_at";
+
+impl Store {
+    /// Stores a new key by its hash and visible prefix.
+    pub async fn insert_api_key(
+        &self,
+        customer_id: &str,
+        name: &str,
+        prefix: &str,
+        key_hash: &str,
+    ) -> Result<ApiKeyRecord, StoreError> {
+        self.customer(customer_id).await?;
+        let id = new_id("key");
+        sqlx::query(
+            "INSERT INTO api_keys (id, customer_id, name, prefix, key_hash, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&id)
+        .bind(customer_id)
+        .bind(name)
+        .bind(prefix)
+        .bind(key_hash)
+        .bind(now_ms())
+        .execute(&self.write)
+        .await?;
+        let row = sqlx::query(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
+            .bind(&id)
+            .fetch_one(&self.write)
+            .await?;
+        Ok(ApiKeyRecord::from_row(&row)?)
+    }
+
+    /// The key with this hash, revoked or not.
+    pub async fn api_key_by_hash(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let row = sqlx::query(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE key_hash = $1"))
+            .bind(key_hash)
+            .fetch_optional(&self.read)
+            .await?;
+        Ok(row.as_ref().map(ApiKeyRecord::from_row).transpose()?)
+    }
+
+    /// Revokes a key (at once: every request looks the key up).
+    pub async fn revoke_api_key(&self, id: &str) -> Result<ApiKeyRecord, StoreError> {
+        sqlx::query("UPDATE api_keys SET revoked_at = COALESCE(revoked_at, $2) WHERE id = $1")
+            .bind(id)
+            .bind(now_ms())
+            .execute(&self.write)
+            .await?;
+        let row = sqlx::query(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.write)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("API key {id}")))?;
+        Ok(ApiKeyRecord::from_row(&row)?)
+    }
+
+    /// Records that a key was used.
+    pub async fn touch_api_key(&self, id: &str, at: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE api_keys SET last_used_at = $2 WHERE id = $1")
+            .bind(id)
+            .bind(at)
+            .execute(&self.write)
+            .await?;
+        Ok(())
+    }
+}
