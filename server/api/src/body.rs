@@ -114,12 +114,29 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::new(400, "invalid_json", "request body is empty"));
     }
+    // serde reads a struct from an array too (positionally); a request body is an
+    // object, so a well-formed array is a 422 on the whole body.
+    let is_array = bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
+    let not_object = || {
+        ApiError::new(422, "validation_error", "the request body must be a JSON object")
+            .with_detail("field", "body")
+            .with_detail("reason", "expected an object")
+    };
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut *de) {
         Ok(value) => {
             de.end().map_err(|e| syntax_error(&e))?;
+            if is_array {
+                return Err(not_object());
+            }
             Ok(value)
         }
+        // serde stops at the first wrong value, before it has seen the whole text: a
+        // type error in malformed JSON is still malformed JSON (400).
+        Err(e) if e.inner().classify() == Category::Data && !is_json(bytes) => Err(syntax_error(
+            &serde_json::from_slice::<serde::de::IgnoredAny>(bytes).expect_err("not JSON"),
+        )),
+        Err(e) if is_array && e.inner().classify() == Category::Data => Err(not_object()),
         Err(e) => {
             let path = e.path().to_string();
             let inner = e.into_inner();
@@ -138,6 +155,10 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             }
         }
     }
+}
+
+fn is_json(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
 }
 
 fn syntax_error(e: &serde_json::Error) -> ApiError {
@@ -217,6 +238,11 @@ mod tests {
         let wrong = code("{\"a\":1}");
         assert_eq!(wrong.details["field"], "a");
         assert_eq!(code("[]").details["field"], "body");
+        assert_eq!(code("[1, 2]").details["field"], "body");
+        assert_eq!(code("[\"x\"]").details["field"], "body");
+        assert_eq!(code("[1, 2").code, "invalid_json");
+        assert_eq!(code("{\"a\": 1, ").code, "invalid_json");
+        assert_eq!(code("{\"b\": 1} }").code, "invalid_json");
         assert!(parse_json::<Probe>(b" {\"a\":\"x\"} \n").is_ok());
     }
 }
