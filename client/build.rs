@@ -5,7 +5,8 @@
 use std::{env, fs, path::PathBuf};
 
 fn main() {
-    let src = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("../openapi/openapi.json");
+    let src =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("../openapi/openapi.json");
     println!("cargo:rerun-if-changed={}", src.display());
     let text = fs::read_to_string(&src).expect("openapi/openapi.json is readable");
     let spec = serde_json::from_str(&text).expect("openapi/openapi.json is an OpenAPI document");

@@ -2,8 +2,9 @@
 //!
 //! Everything under [`generated`] (re-exported at the crate root) is produced by
 //! Progenitor from `openapi/openapi.json` at build time; this file adds only what the
-//! contract cannot say: bearer authentication ([`Client::with_api_key`]), and
-//! [`ErrorExt::is_retryable`] / [`ErrorExt::error_body`] on the typed error.
+//! contract cannot say: bearer authentication ([`Client::with_api_key`]) and
+//! [`ErrorExt::error_body`] / [`ErrorExt::error_code`] on the typed error
+//! (`Error::is_retryable` comes with progenitor-client).
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), gateway_client::Error<gateway_client::types::ErrorBody>> {
@@ -22,7 +23,13 @@
 //! # Ok(()) }
 //! ```
 
-#[allow(clippy::all, unused_imports, dead_code, missing_docs, unreachable_patterns)]
+#[allow(
+    clippy::all,
+    unused_imports,
+    dead_code,
+    missing_docs,
+    unreachable_patterns
+)]
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/codegen.rs"));
 }
@@ -39,7 +46,9 @@ pub struct Auth {
 impl Auth {
     /// Sends `Authorization: Bearer <api_key>`.
     pub fn bearer(api_key: impl Into<String>) -> Self {
-        Auth { api_key: Some(api_key.into()) }
+        Auth {
+            api_key: Some(api_key.into()),
+        }
     }
 
     /// Sends no credentials.
@@ -55,9 +64,13 @@ impl progenitor_client::ClientHooks<Auth> for Client {
         _info: &progenitor_client::OperationInfo,
     ) -> Result<(), Error<E>> {
         if let Some(key) = &self.inner().api_key {
-            let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
-                .map_err(|e| Error::InvalidRequest(format!("API key is not a valid header value: {e}")))?;
-            request.headers_mut().insert(reqwest::header::AUTHORIZATION, value);
+            let value =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).map_err(|e| {
+                    Error::InvalidRequest(format!("API key is not a valid header value: {e}"))
+                })?;
+            request
+                .headers_mut()
+                .insert(reqwest::header::AUTHORIZATION, value);
         }
         Ok(())
     }
@@ -70,15 +83,19 @@ impl Client {
     }
 }
 
-/// What a caller wants to know of a failed call.
+/// The gateway's error body on a failed call.
+///
+/// Retry decisions use progenitor-client's own `Error::is_retryable` (transport
+/// failures, 408, 429, 502, 503, 504): throttling, quota and provider failures may pass
+/// later unchanged; validation, auth, policy and other 4xx answers will not.
 pub trait ErrorExt {
-    /// The gateway's error body, when the gateway answered with one.
+    /// The error body, when the gateway answered with one.
     fn error_body(&self) -> Option<&types::ErrorBody>;
-    /// Whether the same request may succeed later unchanged: throttling and quota
-    /// (429), provider failures (502), server errors (500, 503, 504), and transport
-    /// failures (connection refused or reset, timeouts). Client mistakes (4xx other
-    /// than 429) are not retryable.
-    fn is_retryable(&self) -> bool;
+    /// The error code (`invalid_api_key`, `sending_throttled`, ...), when the gateway
+    /// answered with the error body.
+    fn error_code(&self) -> Option<&str> {
+        self.error_body().map(|b| b.error.as_str())
+    }
 }
 
 impl ErrorExt for Error<types::ErrorBody> {
@@ -86,35 +103,6 @@ impl ErrorExt for Error<types::ErrorBody> {
         match self {
             Error::ErrorResponse(rv) => Some(rv.as_ref()),
             _ => None,
-        }
-    }
-
-    fn is_retryable(&self) -> bool {
-        match self {
-            Error::ErrorResponse(rv) => retryable_status(rv.status().as_u16()),
-            Error::UnexpectedResponse(r) => retryable_status(r.status().as_u16()),
-            Error::CommunicationError(e) => e.is_connect() || e.is_timeout() || e.is_request(),
-            Error::ResponseBodyError(_) => true,
-            _ => false,
-        }
-    }
-}
-
-fn retryable_status(status: u16) -> bool {
-    matches!(status, 429 | 500 | 502 | 503 | 504)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_transient_statuses_are_retryable() {
-        for s in [429, 500, 502, 503, 504] {
-            assert!(retryable_status(s), "{s}");
-        }
-        for s in [400, 401, 403, 404, 413, 415, 422, 423] {
-            assert!(!retryable_status(s), "{s}");
         }
     }
 }

@@ -23,14 +23,22 @@ pub struct NewKey {
 /// Generates a new key.
 pub fn generate() -> NewKey {
     let mut rng = rand::rngs::OsRng;
-    let body: String = (0..BODY_LEN).map(|_| BASE62[rng.gen_range(0..62)] as char).collect();
+    let body: String = (0..BODY_LEN)
+        .map(|_| BASE62[rng.gen_range(0..62)] as char)
+        .collect();
     let plaintext = format!("{PREFIX}{body}{}", checksum(&body));
-    NewKey { prefix: plaintext[..VISIBLE].to_string(), hash: hash(&plaintext), plaintext }
+    NewKey {
+        prefix: plaintext[..VISIBLE].to_string(),
+        hash: hash(&plaintext),
+        plaintext,
+    }
 }
 
 /// Whether `key` has our shape and a correct checksum.
 pub fn well_formed(key: &str) -> bool {
-    let Some(rest) = key.strip_prefix(PREFIX) else { return false };
+    let Some(rest) = key.strip_prefix(PREFIX) else {
+        return false;
+    };
     if rest.len() != BODY_LEN + CHECK_LEN || !rest.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return false;
     }

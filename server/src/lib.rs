@@ -17,7 +17,10 @@ pub mod send;
 pub mod store;
 
 use config::Config;
-use dropshot::{ConfigDropshot, ConfigLogging, ConfigLoggingIfExists, ConfigLoggingLevel, HandlerTaskMode, ServerBuilder};
+use dropshot::{
+    ConfigDropshot, ConfigLogging, ConfigLoggingIfExists, ConfigLoggingLevel, HandlerTaskMode,
+    ServerBuilder,
+};
 use slog::{Logger, info, warn};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,7 +54,10 @@ impl Parts {
             "simulator" => Arc::new(provider::Simulator),
             other => return Err(StartError::Provider(other.to_string())),
         };
-        Ok(Parts { provider, policy: Arc::new(policy::Builtin) })
+        Ok(Parts {
+            provider,
+            policy: Arc::new(policy::Builtin),
+        })
     }
 }
 
@@ -98,11 +104,18 @@ pub async fn start_server(log: Logger, config: &Config) -> Result<RunningServer,
 }
 
 /// Starts the gateway with the given parts.
-pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Result<RunningServer, StartError> {
+pub async fn start_server_with(
+    log: Logger,
+    config: &Config,
+    parts: Parts,
+) -> Result<RunningServer, StartError> {
     let config = Arc::new(config.clone());
     if config.allow_loopback_targets {
-        warn!(log, "GATEWAY_ALLOW_LOOPBACK_TARGETS is on: webhook and media URLs may point at loopback; \
-                    use this for development and tests only");
+        warn!(
+            log,
+            "GATEWAY_ALLOW_LOOPBACK_TARGETS is on: webhook and media URLs may point at loopback; \
+                    use this for development and tests only"
+        );
     }
     let store = Store::open(&config.database_url, config.database_max_connections).await?;
     let sender = send::Sender::new(store.clone(), parts.provider, parts.policy, config.clone());
@@ -118,10 +131,18 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         .config(dropshot_config)
         .start()
         .map_err(|e| StartError::Http(e.to_string()))?;
-    let workers = vec![spawn_counter_pruner(store.clone(), log.new(slog::o!("component" => "store")))];
+    let workers = vec![spawn_counter_pruner(
+        store.clone(),
+        log.new(slog::o!("component" => "store")),
+    )];
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
           "provider" => &config.provider);
-    Ok(RunningServer { http, store, workers, log })
+    Ok(RunningServer {
+        http,
+        store,
+        workers,
+        log,
+    })
 }
 
 /// Deletes limit counters whose window is over, every ten minutes.
@@ -155,7 +176,10 @@ pub fn make_logger(config: &Config) -> Result<Logger, String> {
         ("pretty", None) => ConfigLogging::StderrTerminal { level },
         (_, file) => ConfigLogging::File {
             level,
-            path: file.clone().unwrap_or_else(|| "/dev/stderr".to_string()).into(),
+            path: file
+                .clone()
+                .unwrap_or_else(|| "/dev/stderr".to_string())
+                .into(),
             if_exists: ConfigLoggingIfExists::Append,
         },
     };

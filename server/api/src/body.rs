@@ -38,7 +38,12 @@ pub struct JsonBody<T> {
 
 /// `application/json` or `application/<something>+json`, with any parameters.
 pub fn is_json_content_type(value: &str) -> bool {
-    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     match essence.split_once('/') {
         Some(("application", sub)) => sub == "json" || sub.ends_with("+json"),
         _ => false,
@@ -77,8 +82,12 @@ impl<T: DeserializeOwned> JsonBody<T> {
     async fn read(self) -> Result<BytesMut, ApiError> {
         let cap = self.limit;
         let too_large = || {
-            ApiError::new(413, "payload_too_large", format!("request body is larger than {cap} bytes"))
-                .with_detail("limit_bytes", cap as u64)
+            ApiError::new(
+                413,
+                "payload_too_large",
+                format!("request body is larger than {cap} bytes"),
+            )
+            .with_detail("limit_bytes", cap as u64)
         };
         if self.declared_length.is_some_and(|n| n > cap + MAX_DRAIN) {
             return Err(too_large());
@@ -89,9 +98,12 @@ impl<T: DeserializeOwned> JsonBody<T> {
         let mut body = self.body;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
-                ApiError::new(400, "invalid_json", "request body could not be read").with_internal(e.to_string())
+                ApiError::new(400, "invalid_json", "request body could not be read")
+                    .with_internal(e.to_string())
             })?;
-            let Ok(data) = frame.into_data() else { continue };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
             seen += data.len();
             if over || seen > cap {
                 over = true;
@@ -118,9 +130,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // object, so a well-formed array is a 422 on the whole body.
     let is_array = bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
     let not_object = || {
-        ApiError::new(422, "validation_error", "the request body must be a JSON object")
-            .with_detail("field", "body")
-            .with_detail("reason", "expected an object")
+        ApiError::new(
+            422,
+            "validation_error",
+            "the request body must be a JSON object",
+        )
+        .with_detail("field", "body")
+        .with_detail("reason", "expected an object")
     };
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut *de) {
@@ -145,11 +161,25 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                     let reason = inner.to_string();
                     let field = unknown_field_name(&reason)
                         .map(str::to_string)
-                        .unwrap_or_else(|| if path == "." { "body".to_string() } else { path });
-                    let reason = reason.split(" at line ").next().unwrap_or_default().to_string();
-                    Err(ApiError::new(422, "validation_error", format!("invalid value for {field}"))
-                        .with_detail("field", field)
-                        .with_detail("reason", reason))
+                        .unwrap_or_else(|| {
+                            if path == "." {
+                                "body".to_string()
+                            } else {
+                                path
+                            }
+                        });
+                    let reason = reason
+                        .split(" at line ")
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
+                    Err(ApiError::new(
+                        422,
+                        "validation_error",
+                        format!("invalid value for {field}"),
+                    )
+                    .with_detail("field", field)
+                    .with_detail("reason", reason))
                 }
                 _ => Err(syntax_error(&inner)),
             }
@@ -233,7 +263,10 @@ mod tests {
         assert_eq!(code("{\"a\":").code, "invalid_json");
         assert_eq!(code("{} x").code, "invalid_json");
         let unknown = code("{\"b\":1}");
-        assert_eq!((unknown.status.as_u16(), unknown.code), (422, "validation_error"));
+        assert_eq!(
+            (unknown.status.as_u16(), unknown.code),
+            (422, "validation_error")
+        );
         assert_eq!(unknown.details["field"], "b");
         let wrong = code("{\"a\":1}");
         assert_eq!(wrong.details["field"], "a");

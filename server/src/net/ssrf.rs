@@ -135,11 +135,37 @@ mod tests {
     #[test]
     fn refused_ranges() {
         for s in [
-            "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1", "0.0.0.0",
-            "0.1.2.3", "224.0.0.1", "255.255.255.255", "192.0.2.1", "198.51.100.1", "203.0.113.1", "198.18.0.1",
-            "240.0.0.1", "192.0.0.8", "::1", "::", "fe80::1", "fc00::1", "fd00:ec2::254", "ff02::1", "2001:db8::1",
-            "::ffff:127.0.0.1", "::ffff:169.254.169.254", "::ffff:10.0.0.1", "64:ff9b::a00:1", "2002:a00:1::",
-            "100::1", "2001::1", "fec0::1",
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "0.1.2.3",
+            "224.0.0.1",
+            "255.255.255.255",
+            "192.0.2.1",
+            "198.51.100.1",
+            "203.0.113.1",
+            "198.18.0.1",
+            "240.0.0.1",
+            "192.0.0.8",
+            "::1",
+            "::",
+            "fe80::1",
+            "fc00::1",
+            "fd00:ec2::254",
+            "ff02::1",
+            "2001:db8::1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a00:1",
+            "2002:a00:1::",
+            "100::1",
+            "2001::1",
+            "fec0::1",
         ] {
             assert!(!is_public(ip(s)), "{s} must be refused");
         }
@@ -147,7 +173,14 @@ mod tests {
 
     #[test]
     fn public_addresses_pass() {
-        for s in ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2606:4700:4700::1111", "::ffff:8.8.8.8", "100.128.0.1"] {
+        for s in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "93.184.216.34",
+            "2606:4700:4700::1111",
+            "::ffff:8.8.8.8",
+            "100.128.0.1",
+        ] {
             assert!(is_public(ip(s)), "{s} must pass");
         }
     }
@@ -157,8 +190,14 @@ mod tests {
         assert!(check_addresses(&[ip("127.0.0.1")], true).is_ok());
         assert!(check_addresses(&[ip("::1")], true).is_ok());
         assert!(check_addresses(&[ip("::ffff:127.0.0.1")], true).is_ok());
-        assert_eq!(check_addresses(&[ip("10.0.0.1")], true), Err(SsrfError::Refused(ip("10.0.0.1"))));
-        assert_eq!(check_addresses(&[ip("169.254.169.254")], true), Err(SsrfError::Refused(ip("169.254.169.254"))));
+        assert_eq!(
+            check_addresses(&[ip("10.0.0.1")], true),
+            Err(SsrfError::Refused(ip("10.0.0.1")))
+        );
+        assert_eq!(
+            check_addresses(&[ip("169.254.169.254")], true),
+            Err(SsrfError::Refused(ip("169.254.169.254")))
+        );
         // One bad address among good ones refuses the whole name.
         assert!(check_addresses(&[ip("8.8.8.8"), ip("127.0.0.1")], false).is_err());
         assert_eq!(check_addresses(&[], false), Err(SsrfError::Unresolved));
@@ -166,9 +205,18 @@ mod tests {
 
     #[test]
     fn form_checks() {
-        assert_eq!(check_form("http://example.com/a.png", false), Err(SsrfError::NotHttps));
-        assert_eq!(check_form("ftp://example.com/a.png", true), Err(SsrfError::NotHttps));
-        assert_eq!(check_form("https://u:p@example.com/a.png", false), Err(SsrfError::Credentials));
+        assert_eq!(
+            check_form("http://example.com/a.png", false),
+            Err(SsrfError::NotHttps)
+        );
+        assert_eq!(
+            check_form("ftp://example.com/a.png", true),
+            Err(SsrfError::NotHttps)
+        );
+        assert_eq!(
+            check_form("https://u:p@example.com/a.png", false),
+            Err(SsrfError::Credentials)
+        );
         assert_eq!(check_form("not a url", false), Err(SsrfError::Invalid));
         assert!(check_form("https://example.com/a.png", false).is_ok());
     }
@@ -181,13 +229,15 @@ mod tests {
             "https://127.0.0.1/a.png",
             "https://[::1]/a.png",
             "https://[::ffff:127.0.0.1]/a.png",
-            "https://2130706433/a.png",  // decimal form of 127.0.0.1
-            "https://0x7f.0.0.1/a.png",  // hex form
-            "https://0177.0.0.1/a.png",  // octal form
-            "https://127.1/a.png",       // short form
+            "https://2130706433/a.png", // decimal form of 127.0.0.1
+            "https://0x7f.0.0.1/a.png", // hex form
+            "https://0177.0.0.1/a.png", // octal form
+            "https://127.1/a.png",      // short form
         ] {
             match resolve(raw, false).await {
-                Err(SsrfError::Refused(ip)) => assert!(ip.to_canonical().is_loopback(), "{raw}: {ip}"),
+                Err(SsrfError::Refused(ip)) => {
+                    assert!(ip.to_canonical().is_loopback(), "{raw}: {ip}")
+                }
                 other => panic!("{raw}: {other:?}"),
             }
         }

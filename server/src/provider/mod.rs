@@ -71,5 +71,9 @@ pub trait Provider: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
     /// Sends one message. The pipeline bounds the call with the provider timeout.
-    async fn send(&self, instance: &SendingInstance, message: &OutboundMessage) -> Result<ProviderReceipt, ProviderError>;
+    async fn send(
+        &self,
+        instance: &SendingInstance,
+        message: &OutboundMessage,
+    ) -> Result<ProviderReceipt, ProviderError>;
 }

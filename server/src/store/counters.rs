@@ -33,7 +33,10 @@ pub struct LimitHit {
 
 impl Store {
     /// Takes every reservation or none. `Ok(Err(hit))` names the first that is full.
-    pub async fn reserve(&self, reservations: &[Reservation]) -> Result<Result<(), LimitHit>, StoreError> {
+    pub async fn reserve(
+        &self,
+        reservations: &[Reservation],
+    ) -> Result<Result<(), LimitHit>, StoreError> {
         let mut tx = self.write.begin().await?;
         for (index, r) in reservations.iter().enumerate() {
             let taken = sqlx::query(
@@ -48,14 +51,16 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
             if taken.is_none() {
-                let used: i64 = sqlx::query("SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2")
-                    .bind(&r.scope)
-                    .bind(r.window_start)
-                    .fetch_optional(&mut *tx)
-                    .await?
-                    .map(|row| row.try_get("count"))
-                    .transpose()?
-                    .unwrap_or(r.limit);
+                let used: i64 = sqlx::query(
+                    "SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2",
+                )
+                .bind(&r.scope)
+                .bind(r.window_start)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|row| row.try_get("count"))
+                .transpose()?
+                .unwrap_or(r.limit);
                 tx.rollback().await?;
                 return Ok(Err(LimitHit { index, used }));
             }
@@ -82,11 +87,12 @@ impl Store {
 
     /// The value of one counter (0 when absent).
     pub async fn counter(&self, scope: &str, window_start: i64) -> Result<i64, StoreError> {
-        let row = sqlx::query("SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2")
-            .bind(scope)
-            .bind(window_start)
-            .fetch_optional(&self.read)
-            .await?;
+        let row =
+            sqlx::query("SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2")
+                .bind(scope)
+                .bind(window_start)
+                .fetch_optional(&self.read)
+                .await?;
         Ok(row.map(|r| r.try_get("count")).transpose()?.unwrap_or(0))
     }
 

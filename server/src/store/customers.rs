@@ -113,7 +113,11 @@ impl Instance {
 }
 
 /// The stored status and period of a newly assigned plan.
-fn plan_columns(plan: Option<&str>, approve: bool, now: i64) -> (&'static str, Option<i64>, Option<i64>) {
+fn plan_columns(
+    plan: Option<&str>,
+    approve: bool,
+    now: i64,
+) -> (&'static str, Option<i64>, Option<i64>) {
     match plan {
         None => ("none", None, None),
         Some("scale") if !approve => ("pending_approval", None, None),
@@ -129,7 +133,12 @@ const INSTANCE_COLUMNS: &str =
 impl Store {
     /// Creates a customer with the `api` module on and `pbx` off. A Scale plan starts
     /// pending approval unless `approve`.
-    pub async fn create_customer(&self, name: &str, plan: Option<&str>, approve: bool) -> Result<Customer, StoreError> {
+    pub async fn create_customer(
+        &self,
+        name: &str,
+        plan: Option<&str>,
+        approve: bool,
+    ) -> Result<Customer, StoreError> {
         let now = now_ms();
         let id = new_id("cus");
         let (status, start, end) = plan_columns(plan, approve, now);
@@ -151,11 +160,13 @@ impl Store {
 
     /// One customer.
     pub async fn customer(&self, id: &str) -> Result<Customer, StoreError> {
-        let row = sqlx::query(&format!("SELECT {CUSTOMER_COLUMNS} FROM customers WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.read)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("customer {id}")))?;
+        let row = sqlx::query(&format!(
+            "SELECT {CUSTOMER_COLUMNS} FROM customers WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.read)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("customer {id}")))?;
         Ok(Customer::from_row(&row)?)
     }
 
@@ -171,7 +182,12 @@ impl Store {
     }
 
     /// Turns modules on or off (None leaves one as it is).
-    pub async fn set_modules(&self, id: &str, api: Option<bool>, pbx: Option<bool>) -> Result<Customer, StoreError> {
+    pub async fn set_modules(
+        &self,
+        id: &str,
+        api: Option<bool>,
+        pbx: Option<bool>,
+    ) -> Result<Customer, StoreError> {
         let done = sqlx::query(
             "UPDATE customers SET module_api = COALESCE($2, module_api), module_pbx = COALESCE($3, module_pbx) \
              WHERE id = $1",
@@ -189,7 +205,12 @@ impl Store {
 
     /// Assigns a plan and starts a new 30-day period (Scale waits for approval unless
     /// `approve`).
-    pub async fn assign_plan(&self, id: &str, plan: &str, approve: bool) -> Result<Customer, StoreError> {
+    pub async fn assign_plan(
+        &self,
+        id: &str,
+        plan: &str,
+        approve: bool,
+    ) -> Result<Customer, StoreError> {
         let (status, start, end) = plan_columns(Some(plan), approve, now_ms());
         let done = sqlx::query(
             "UPDATE customers SET plan = $2, plan_status = $3, plan_period_start = $4, plan_period_end = $5 \
@@ -209,7 +230,11 @@ impl Store {
     }
 
     /// Sets the given limit overrides (others unchanged).
-    pub async fn set_limits(&self, id: &str, limits: &LimitOverrides) -> Result<Customer, StoreError> {
+    pub async fn set_limits(
+        &self,
+        id: &str,
+        limits: &LimitOverrides,
+    ) -> Result<Customer, StoreError> {
         let done = sqlx::query(
             "UPDATE customers SET daily_limit = COALESCE($2, daily_limit), \
              monthly_limit = COALESCE($3, monthly_limit), \
@@ -250,11 +275,12 @@ impl Store {
             return Err(StoreError::NotFound(format!("customer {customer_id}")));
         }
         if let Some(cap) = plan_cap {
-            let count: i64 = sqlx::query("SELECT COUNT(*) AS n FROM instances WHERE customer_id = $1")
-                .bind(customer_id)
-                .fetch_one(&mut *tx)
-                .await?
-                .try_get("n")?;
+            let count: i64 =
+                sqlx::query("SELECT COUNT(*) AS n FROM instances WHERE customer_id = $1")
+                    .bind(customer_id)
+                    .fetch_one(&mut *tx)
+                    .await?
+                    .try_get("n")?;
             if count >= cap {
                 return Err(StoreError::InstanceCap { cap, count });
             }
@@ -265,7 +291,9 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
         if taken.is_some() {
-            return Err(StoreError::Conflict(format!("the customer already has an instance named {name:?}")));
+            return Err(StoreError::Conflict(format!(
+                "the customer already has an instance named {name:?}"
+            )));
         }
         let id = new_id("ins");
         sqlx::query(
@@ -286,16 +314,22 @@ impl Store {
 
     /// One instance by id.
     pub async fn instance(&self, id: &str) -> Result<Instance, StoreError> {
-        let row = sqlx::query(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE id = $1"))
-            .bind(id)
-            .fetch_optional(&self.read)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("instance {id}")))?;
+        let row = sqlx::query(&format!(
+            "SELECT {INSTANCE_COLUMNS} FROM instances WHERE id = $1"
+        ))
+        .bind(id)
+        .fetch_optional(&self.read)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("instance {id}")))?;
         Ok(Instance::from_row(&row)?)
     }
 
     /// The customer's instance with this id or, failing that, this name.
-    pub async fn find_instance(&self, customer_id: &str, id_or_name: &str) -> Result<Option<Instance>, StoreError> {
+    pub async fn find_instance(
+        &self,
+        customer_id: &str,
+        id_or_name: &str,
+    ) -> Result<Option<Instance>, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT {INSTANCE_COLUMNS} FROM instances WHERE customer_id = $1 AND (id = $2 OR name = $2) \
              ORDER BY CASE WHEN id = $2 THEN 0 ELSE 1 END LIMIT 1"
@@ -308,13 +342,19 @@ impl Store {
     }
 
     /// Pauses an instance for review, or resumes it.
-    pub async fn set_paused(&self, id: &str, paused: bool, reason: Option<&str>) -> Result<Instance, StoreError> {
-        let done = sqlx::query("UPDATE instances SET paused = $2, paused_reason = $3 WHERE id = $1")
-            .bind(id)
-            .bind(i64::from(paused))
-            .bind(if paused { reason } else { None })
-            .execute(&self.write)
-            .await?;
+    pub async fn set_paused(
+        &self,
+        id: &str,
+        paused: bool,
+        reason: Option<&str>,
+    ) -> Result<Instance, StoreError> {
+        let done =
+            sqlx::query("UPDATE instances SET paused = $2, paused_reason = $3 WHERE id = $1")
+                .bind(id)
+                .bind(i64::from(paused))
+                .bind(if paused { reason } else { None })
+                .execute(&self.write)
+                .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("instance {id}")));
         }
@@ -332,7 +372,13 @@ impl Store {
     }
 
     /// Adds (or updates the reason of) a suppressed recipient.
-    pub async fn add_suppression(&self, customer_id: &str, phone: &str, reason: &str, source: &str) -> Result<(), StoreError> {
+    pub async fn add_suppression(
+        &self,
+        customer_id: &str,
+        phone: &str,
+        reason: &str,
+        source: &str,
+    ) -> Result<(), StoreError> {
         self.customer(customer_id).await?;
         sqlx::query(
             "INSERT INTO suppressed_recipients (customer_id, phone, reason, source, created_at) \
@@ -350,22 +396,29 @@ impl Store {
     }
 
     /// Removes a suppressed recipient; false when it was not there.
-    pub async fn remove_suppression(&self, customer_id: &str, phone: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("DELETE FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2")
-            .bind(customer_id)
-            .bind(phone)
-            .execute(&self.write)
-            .await?;
+    pub async fn remove_suppression(
+        &self,
+        customer_id: &str,
+        phone: &str,
+    ) -> Result<bool, StoreError> {
+        let done =
+            sqlx::query("DELETE FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2")
+                .bind(customer_id)
+                .bind(phone)
+                .execute(&self.write)
+                .await?;
         Ok(done.rows_affected() > 0)
     }
 
     /// Whether the customer has suppressed this recipient.
     pub async fn is_suppressed(&self, customer_id: &str, phone: &str) -> Result<bool, StoreError> {
-        let row = sqlx::query("SELECT 1 AS one FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2")
-            .bind(customer_id)
-            .bind(phone)
-            .fetch_optional(&self.read)
-            .await?;
+        let row = sqlx::query(
+            "SELECT 1 AS one FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2",
+        )
+        .bind(customer_id)
+        .bind(phone)
+        .fetch_optional(&self.read)
+        .await?;
         Ok(row.is_some())
     }
 }

@@ -62,11 +62,16 @@ impl Store {
     }
 
     /// The key with this hash, revoked or not.
-    pub async fn api_key_by_hash(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE key_hash = $1"))
-            .bind(key_hash)
-            .fetch_optional(&self.read)
-            .await?;
+    pub async fn api_key_by_hash(
+        &self,
+        key_hash: &str,
+    ) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {KEY_COLUMNS} FROM api_keys WHERE key_hash = $1"
+        ))
+        .bind(key_hash)
+        .fetch_optional(&self.read)
+        .await?;
         Ok(row.as_ref().map(ApiKeyRecord::from_row).transpose()?)
     }
 

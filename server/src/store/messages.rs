@@ -40,7 +40,11 @@ pub struct OutboxEvent {
 impl Store {
     /// Writes the log row and, in the same transaction, the event it causes.
     /// Returns the log id.
-    pub async fn record_attempt(&self, entry: &LogEntry, event: Option<&OutboxEvent>) -> Result<i64, StoreError> {
+    pub async fn record_attempt(
+        &self,
+        entry: &LogEntry,
+        event: Option<&OutboxEvent>,
+    ) -> Result<i64, StoreError> {
         let mut tx = self.write.begin().await?;
         let id: i64 = sqlx::query(
             "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, recipient, message_type, \
@@ -110,15 +114,21 @@ impl Store {
     }
 
     /// Log rows of a customer, newest first: (id, entry).
-    pub async fn recent_log(&self, customer_id: &str, limit: i64) -> Result<Vec<(i64, LogEntry)>, StoreError> {
-        let ids: Vec<i64> = sqlx::query("SELECT id FROM message_log WHERE customer_id = $1 ORDER BY id DESC LIMIT $2")
-            .bind(customer_id)
-            .bind(limit)
-            .fetch_all(&self.read)
-            .await?
-            .iter()
-            .map(|r| r.try_get("id"))
-            .collect::<Result<_, _>>()?;
+    pub async fn recent_log(
+        &self,
+        customer_id: &str,
+        limit: i64,
+    ) -> Result<Vec<(i64, LogEntry)>, StoreError> {
+        let ids: Vec<i64> = sqlx::query(
+            "SELECT id FROM message_log WHERE customer_id = $1 ORDER BY id DESC LIMIT $2",
+        )
+        .bind(customer_id)
+        .bind(limit)
+        .fetch_all(&self.read)
+        .await?
+        .iter()
+        .map(|r| r.try_get("id"))
+        .collect::<Result<_, _>>()?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             out.push((id, self.log_entry(id).await?));
@@ -127,15 +137,23 @@ impl Store {
     }
 
     /// Events of a customer in the outbox, oldest first: (event type, payload).
-    pub async fn outbox_events(&self, customer_id: &str) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
-        let rows = sqlx::query("SELECT event_type, payload FROM outbox WHERE customer_id = $1 ORDER BY id")
-            .bind(customer_id)
-            .fetch_all(&self.read)
-            .await?;
+    pub async fn outbox_events(
+        &self,
+        customer_id: &str,
+    ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT event_type, payload FROM outbox WHERE customer_id = $1 ORDER BY id",
+        )
+        .bind(customer_id)
+        .fetch_all(&self.read)
+        .await?;
         rows.iter()
             .map(|r| {
                 let payload: String = r.try_get("payload")?;
-                Ok((r.try_get("event_type")?, serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null)))
+                Ok((
+                    r.try_get("event_type")?,
+                    serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null),
+                ))
             })
             .collect()
     }

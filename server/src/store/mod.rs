@@ -107,7 +107,11 @@ impl Store {
                 };
                 let write = options().max_connections(1).connect(url).await?;
                 let read = options().max_connections(max).connect(url).await?;
-                Ok(Store { read, write, backend })
+                Ok(Store {
+                    read,
+                    write,
+                    backend,
+                })
             }
             Backend::Postgres => {
                 let pool = AnyPoolOptions::new()
@@ -115,7 +119,11 @@ impl Store {
                     .acquire_timeout(Duration::from_secs(30))
                     .connect(url)
                     .await?;
-                Ok(Store { read: pool.clone(), write: pool, backend })
+                Ok(Store {
+                    read: pool.clone(),
+                    write: pool,
+                    backend,
+                })
             }
         }
     }
@@ -123,8 +131,16 @@ impl Store {
     /// Applies the migrations of this backend (idempotent).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self.backend {
-            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&self.write).await?,
-            Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&self.write).await?,
+            Backend::Sqlite => {
+                sqlx::migrate!("./migrations/sqlite")
+                    .run(&self.write)
+                    .await?
+            }
+            Backend::Postgres => {
+                sqlx::migrate!("./migrations/postgres")
+                    .run(&self.write)
+                    .await?
+            }
         }
         Ok(())
     }
