@@ -75,6 +75,7 @@ CREATE TABLE usage_counters (
     scope        TEXT NOT NULL,                       -- day:C, month:C, inst:I, rcpt:I:P
     window_start BIGINT NOT NULL,
     count        BIGINT NOT NULL,
+    lim          BIGINT NOT NULL,                     -- the limit the last increment checked
     expires_at   BIGINT NOT NULL,
     PRIMARY KEY (scope, window_start)
 );

@@ -1,11 +1,12 @@
 //! Limit counters: velocity (per minute) and quota (per day, per plan period).
 //!
-//! A reservation increments a counter only while it is below its limit, in one
-//! statement (`INSERT ... ON CONFLICT DO UPDATE ... WHERE count < limit RETURNING`).
-//! On PostgreSQL the conflicting row is locked and the `WHERE` sees its latest value, so
-//! two replicas cannot both take the last unit; on SQLite the single writer serialises.
-//! All reservations of one send are taken in one transaction: all or none.
+//! A reservation increments its counters only while each is below its limit, in one
+//! statement (`INSERT ... ON CONFLICT DO UPDATE ... WHERE count < lim RETURNING`, see
+//! `writer`). On PostgreSQL a conflicting row is locked and the `WHERE` sees its latest
+//! value, so two replicas cannot both take the last unit; on SQLite the single writer
+//! serialises. The counters of one send are taken all or none.
 
+use super::writer::WriteOp;
 use super::{Store, StoreError, now_ms};
 use sqlx::Row;
 
@@ -37,52 +38,25 @@ impl Store {
         &self,
         reservations: &[Reservation],
     ) -> Result<Result<(), LimitHit>, StoreError> {
-        let mut tx = self.write.begin().await?;
-        for (index, r) in reservations.iter().enumerate() {
-            let taken = sqlx::query(
-                "INSERT INTO usage_counters (scope, window_start, count, expires_at) VALUES ($1, $2, 1, $3) \
-                 ON CONFLICT (scope, window_start) DO UPDATE SET count = usage_counters.count + 1 \
-                 WHERE usage_counters.count < $4 RETURNING count",
-            )
-            .bind(&r.scope)
-            .bind(r.window_start)
-            .bind(r.expires_at)
-            .bind(r.limit)
-            .fetch_optional(&mut *tx)
-            .await?;
-            if taken.is_none() {
-                let used: i64 = sqlx::query(
-                    "SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2",
-                )
-                .bind(&r.scope)
-                .bind(r.window_start)
-                .fetch_optional(&mut *tx)
-                .await?
-                .map(|row| row.try_get("count"))
-                .transpose()?
-                .unwrap_or(r.limit);
-                tx.rollback().await?;
-                return Ok(Err(LimitHit { index, used }));
-            }
-        }
-        tx.commit().await?;
-        Ok(Ok(()))
+        let reservations = reservations.to_vec();
+        self.write_op(|reply| WriteOp::Reserve {
+            reservations,
+            reply,
+        })
+        .await
     }
 
     /// Gives reservations back (the send did not go out).
     pub async fn release(&self, reservations: &[Reservation]) -> Result<(), StoreError> {
-        let mut tx = self.write.begin().await?;
-        for r in reservations {
-            sqlx::query(
-                "UPDATE usage_counters SET count = count - 1 WHERE scope = $1 AND window_start = $2 AND count > 0",
-            )
-            .bind(&r.scope)
-            .bind(r.window_start)
-            .execute(&mut *tx)
-            .await?;
+        if reservations.is_empty() {
+            return Ok(());
         }
-        tx.commit().await?;
-        Ok(())
+        let reservations = reservations.to_vec();
+        self.write_op(|reply| WriteOp::Release {
+            reservations,
+            reply,
+        })
+        .await
     }
 
     /// The value of one counter (0 when absent).

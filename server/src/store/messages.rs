@@ -1,5 +1,6 @@
 //! The message log (one row per send attempt) and the event outbox.
 
+use super::writer::WriteOp;
 use super::{Store, StoreError};
 use sqlx::Row;
 
@@ -45,44 +46,14 @@ impl Store {
         entry: &LogEntry,
         event: Option<&OutboxEvent>,
     ) -> Result<i64, StoreError> {
-        let mut tx = self.write.begin().await?;
-        let id: i64 = sqlx::query(
-            "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, recipient, message_type, \
-             decision, error_code, policy, reason, provider_message_id, status, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id",
-        )
-        .bind(&entry.customer_id)
-        .bind(&entry.instance_id)
-        .bind(&entry.api_key_id)
-        .bind(&entry.source)
-        .bind(&entry.purpose)
-        .bind(&entry.recipient)
-        .bind(&entry.message_type)
-        .bind(&entry.decision)
-        .bind(&entry.error_code)
-        .bind(&entry.policy)
-        .bind(&entry.reason)
-        .bind(&entry.provider_message_id)
-        .bind(&entry.status)
-        .bind(entry.created_at)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get("id")?;
-        if let Some(event) = event {
-            sqlx::query(
-                "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, available_at) \
-                 VALUES ($1, $2, $3, $4, $5, $5)",
-            )
-            .bind(&event.customer_id)
-            .bind(&event.instance_id)
-            .bind(&event.event_type)
-            .bind(event.payload.to_string())
-            .bind(event.created_at)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(id)
+        let entry = Box::new(entry.clone());
+        let event = event.cloned().map(Box::new);
+        self.write_op(|reply| WriteOp::Record {
+            entry,
+            event,
+            reply,
+        })
+        .await
     }
 
     /// The log row with this id, as JSON (for tests and the CLI).

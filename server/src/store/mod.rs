@@ -17,6 +17,7 @@ mod counters;
 mod customers;
 mod keys;
 mod messages;
+mod writer;
 
 pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PlanStatus};
@@ -47,6 +48,8 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("the store is closed")]
+    Closed,
     #[error("the plan allows {cap} instance(s) and the customer has {count}")]
     InstanceCap { cap: i64, count: i64 },
 }
@@ -57,6 +60,8 @@ pub struct Store {
     read: AnyPool,
     write: AnyPool,
     backend: Backend,
+    /// The group-commit writer of the send path (see `writer`).
+    writer: tokio::sync::mpsc::Sender<writer::WriteOp>,
 }
 
 /// Current time in Unix milliseconds.
@@ -107,10 +112,12 @@ impl Store {
                 };
                 let write = options().max_connections(1).connect(url).await?;
                 let read = options().max_connections(max).connect(url).await?;
+                let writer = writer::spawn(write.clone());
                 Ok(Store {
                     read,
                     write,
                     backend,
+                    writer,
                 })
             }
             Backend::Postgres => {
@@ -119,10 +126,12 @@ impl Store {
                     .acquire_timeout(Duration::from_secs(30))
                     .connect(url)
                     .await?;
+                let writer = writer::spawn(pool.clone());
                 Ok(Store {
                     read: pool.clone(),
                     write: pool,
                     backend,
+                    writer,
                 })
             }
         }
@@ -148,6 +157,19 @@ impl Store {
     /// The backend in use.
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// Queues a write for the group-commit writer and waits for its result.
+    async fn write_op<T>(
+        &self,
+        op: impl FnOnce(tokio::sync::oneshot::Sender<Result<T, StoreError>>) -> writer::WriteOp,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.writer
+            .send(op(reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 
     /// Closes every connection.

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Load benchmark of POST /api/send-message (text, simulator) on SQLite and PostgreSQL,
+# against a bare Dropshot JSON echo built the same way, in the same run.
+#
+#   bench/run.sh            # needs wrk (apt-get install wrk) and oha (cargo install oha)
+#
+# Throughput: wrk, 1 thread, 32 connections, DURATION seconds (closed loop).
+# Latency at a fixed rate: oha -q 1000 (open loop) for DURATION seconds.
+# Limits of the demo customer are lifted so that quota and velocity never refuse.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10}
+OHA=${OHA:-$(command -v oha || echo /tmp/oha/bin/oha)}
+PG_ADMIN=${PG_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}
+cargo build --release -q -p gateway-server --bin gateway --example echo
+BIN=target/release
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactional","message":"Your code is 123456"}'
+
+wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+
+measure() { # name url key
+  local name=$1 url=$2 key=$3
+  echo "### $name"
+  API_KEY=$key wrk -t1 -c32 -d${DURATION}s --latency -s bench/send.lua "$url" | grep -E "Requests/sec|^ +(50|99)%|Non-2xx|Socket errors"
+  "$OHA" -z ${DURATION}s -q 1000 -c 32 --no-tui -m POST -H "Content-Type: application/json" \
+    ${key:+-H "Authorization: Bearer $key"} -d "$BODY" "$url" | grep -E "Requests/sec|50.00%|99.00%|\[2|\[4|\[5" | sed 's/^/  oha q=1000: /'
+}
+
+"$BIN/examples/echo" 127.0.0.1:18081 "$work/echo.log" & wait_port 18081
+measure "echo (bare Dropshot JSON POST)" http://127.0.0.1:18081/echo ""
+kill %1; wait %1 2>/dev/null || true
+
+run_gateway() { # name database_url port
+  local name=$1 db=$2 port=$3
+  local out; out=$("$BIN/gateway" --database-url "$db" demo)
+  local key cus
+  key=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
+  cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
+  "$BIN/gateway" --database-url "$db" customer limits --customer "$cus" --daily 1000000000 --monthly 1000000000 \
+    --instance-per-minute 1000000000 --recipient-per-minute 1000000000 >/dev/null
+  GATEWAY_LOG_FILE="$work/$name.log" "$BIN/gateway" --database-url "$db" serve --listen 127.0.0.1:$port &
+  wait_port $port
+  measure "send-message, $name" http://127.0.0.1:$port/api/send-message "$key"
+  kill %1; wait %1 2>/dev/null || true
+}
+
+run_gateway sqlite "sqlite://$work/bench.db?mode=rwc" 18082
+psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" -c "CREATE DATABASE gw_bench" >/dev/null
+run_gateway postgres "${PG_ADMIN%/*}/gw_bench" 18083
+psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" >/dev/null
