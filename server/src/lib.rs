@@ -117,7 +117,13 @@ pub async fn start_server_with(
                     use this for development and tests only"
         );
     }
-    let store = Store::open(&config.database_url, config.database_max_connections).await?;
+    let store_log = log.new(slog::o!("component" => "store"));
+    let store = Store::open(
+        &config.database_url,
+        config.database_max_connections,
+        Some(store_log),
+    )
+    .await?;
     let sender = send::Sender::new(store.clone(), parts.provider, parts.policy, config.clone());
     let state = Arc::new(http::AppState::new(store.clone(), sender));
     let api = http::api_description().map_err(StartError::Api)?;

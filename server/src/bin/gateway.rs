@@ -208,7 +208,7 @@ async fn run() -> Result<()> {
         }
         return serve(config, demo).await;
     }
-    let store = Store::open(&config.database_url, 2)
+    let store = Store::open(&config.database_url, 2, None)
         .await
         .context("opening the database")?;
     let out = operate(&store, &config, cli.command).await;

@@ -307,13 +307,18 @@ impl Sender {
     ) -> Result<crate::provider::ProviderReceipt, SendError> {
         let checked = self.check_schema(&a.input.body).await?;
         let checked = a.checked.insert(checked);
-        let instance = self
+        let context = self
             .store
-            .find_instance(&a.input.customer_id, &checked.instance_ref)
-            .await?
-            .ok_or(SendError::InvalidInstance)?;
-        let instance = a.instance.insert(instance);
-        let customer = self.store.customer(&a.input.customer_id).await?;
+            .send_context(
+                &a.input.customer_id,
+                &checked.instance_ref,
+                &checked.phone.e164,
+            )
+            .await?;
+        let instance = a
+            .instance
+            .insert(context.instance.ok_or(SendError::InvalidInstance)?);
+        let customer = context.customer;
         let now = now_ms();
         let plan_status = customer.plan_status(now);
         if plan_status != PlanStatus::Active {

@@ -99,17 +99,33 @@ pub struct Instance {
 
 impl Instance {
     fn from_row(r: &AnyRow) -> Result<Instance, sqlx::Error> {
+        Instance::from_prefixed_row(r, "")
+    }
+
+    /// Reads the instance columns named `{prefix}{column}`.
+    fn from_prefixed_row(r: &AnyRow, prefix: &str) -> Result<Instance, sqlx::Error> {
+        let col = |name: &str| format!("{prefix}{name}");
         Ok(Instance {
-            id: r.try_get("id")?,
-            customer_id: r.try_get("customer_id")?,
-            name: r.try_get("name")?,
-            provider: r.try_get("provider")?,
-            connection_state: r.try_get("connection_state")?,
-            paused: flag(r.try_get("paused")?),
-            paused_reason: r.try_get("paused_reason")?,
-            created_at: r.try_get("created_at")?,
+            id: r.try_get(col("id").as_str())?,
+            customer_id: r.try_get(col("customer_id").as_str())?,
+            name: r.try_get(col("name").as_str())?,
+            provider: r.try_get(col("provider").as_str())?,
+            connection_state: r.try_get(col("connection_state").as_str())?,
+            paused: flag(r.try_get(col("paused").as_str())?),
+            paused_reason: r.try_get(col("paused_reason").as_str())?,
+            created_at: r.try_get(col("created_at").as_str())?,
         })
     }
+}
+
+/// What the send pipeline reads after the schema check, in one query.
+#[derive(Clone, Debug)]
+pub struct SendContext {
+    pub customer: Customer,
+    /// The customer's instance with the requested id or name.
+    pub instance: Option<Instance>,
+    /// Whether the customer suppressed the recipient.
+    pub suppressed: bool,
 }
 
 /// The stored status and period of a newly assigned plan.
@@ -339,6 +355,46 @@ impl Store {
         .fetch_optional(&self.read)
         .await?;
         Ok(row.as_ref().map(Instance::from_row).transpose()?)
+    }
+
+    /// The customer, its instance with this id (or else this name), and whether
+    /// `phone` is suppressed, in one read.
+    pub async fn send_context(
+        &self,
+        customer_id: &str,
+        instance_ref: &str,
+        phone: &str,
+    ) -> Result<SendContext, StoreError> {
+        let customer_cols: Vec<String> = CUSTOMER_COLUMNS
+            .split(", ")
+            .map(|c| format!("c.{c}"))
+            .collect();
+        let instance_cols: Vec<String> = INSTANCE_COLUMNS
+            .split(", ")
+            .map(|c| format!("i.{c} AS i_{c}"))
+            .collect();
+        let row = sqlx::query(&format!(
+            "SELECT {}, {}, \
+             (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = c.id AND s.phone = $3) AS suppressed \
+             FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND (i.id = $2 OR i.name = $2) \
+             WHERE c.id = $1 ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END LIMIT 1",
+            customer_cols.join(", "),
+            instance_cols.join(", ")
+        ))
+        .bind(customer_id)
+        .bind(instance_ref)
+        .bind(phone)
+        .fetch_optional(&self.read)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(format!("customer {customer_id}")))?;
+        let instance_id: Option<String> = row.try_get("i_id")?;
+        Ok(SendContext {
+            customer: Customer::from_row(&row)?,
+            instance: instance_id
+                .map(|_| Instance::from_prefixed_row(&row, "i_"))
+                .transpose()?,
+            suppressed: row.try_get::<i64, _>("suppressed")? > 0,
+        })
     }
 
     /// Pauses an instance for review, or resumes it.

@@ -20,7 +20,7 @@ mod messages;
 mod writer;
 
 pub use counters::{LimitHit, Reservation};
-pub use customers::{Customer, Instance, LimitOverrides, PlanStatus};
+pub use customers::{Customer, Instance, LimitOverrides, PlanStatus, SendContext};
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent};
 
@@ -48,6 +48,8 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     #[error("the store is closed")]
     Closed,
     #[error("the plan allows {cap} instance(s) and the customer has {count}")]
@@ -77,14 +79,23 @@ pub fn new_id(prefix: &str) -> String {
 impl Store {
     /// Connects to `url` (creating a SQLite file when the URL says `mode=rwc`) and
     /// applies the migrations.
-    pub async fn open(url: &str, max_connections: u32) -> Result<Store, StoreError> {
-        let store = Store::connect(url, max_connections).await?;
+    /// `log` receives the writer's debug lines (batch sizes and times).
+    pub async fn open(
+        url: &str,
+        max_connections: u32,
+        log: Option<slog::Logger>,
+    ) -> Result<Store, StoreError> {
+        let store = Store::connect(url, max_connections, log).await?;
         store.migrate().await?;
         Ok(store)
     }
 
     /// Connects without migrating.
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Store, StoreError> {
+    pub async fn connect(
+        url: &str,
+        max_connections: u32,
+        log: Option<slog::Logger>,
+    ) -> Result<Store, StoreError> {
         install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -112,7 +123,9 @@ impl Store {
                 };
                 let write = options().max_connections(1).connect(url).await?;
                 let read = options().max_connections(max).connect(url).await?;
-                let writer = writer::spawn(write.clone());
+                let path = writer::sqlite_path(url)
+                    .ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
+                let writer = writer::spawn_sqlite(path, log)?;
                 Ok(Store {
                     read,
                     write,
@@ -126,7 +139,7 @@ impl Store {
                     .acquire_timeout(Duration::from_secs(30))
                     .connect(url)
                     .await?;
-                let writer = writer::spawn(pool.clone());
+                let writer = writer::spawn_sqlx(pool.clone(), log);
                 Ok(Store {
                     read: pool.clone(),
                     write: pool,

@@ -3,7 +3,7 @@
 //! A send writes twice: it reserves its limit counters before the provider call, and it
 //! records its log row (and event) after. Run one transaction each, those writes
 //! serialise on SQLite's single writer and pay one commit (an fsync on PostgreSQL)
-//! apiece. Here one task owns the writes: it takes every write queued at that moment
+//! apiece. Here one writer owns the writes: it takes every write queued at that moment
 //! (up to `MAX_BATCH`), runs them in order in one transaction, commits once, and only
 //! then answers each caller. The semantics of each write are those of running it
 //! alone, because writes in a batch run one after another in the same transaction:
@@ -11,11 +11,20 @@
 //! write runs. If the batch fails as a whole (a constraint error, a PostgreSQL deadlock
 //! between replicas), nothing was answered yet, so the writes are retried one
 //! transaction each and every caller gets its own result.
+//!
+//! On SQLite the writer is a thread that owns a plain `rusqlite` connection. sqlx's
+//! SQLite driver runs each statement on a worker thread and hands it over twice; under
+//! load those handoffs were 60 % of the gateway's CPU (measured with perf, see
+//! BENCHMARKS.md) while SQLite itself was 2 %. One thread that does a whole batch
+//! costs one handoff per batch instead. On PostgreSQL the writer is a task on sqlx's
+//! async driver. Both run the same SQL text.
 
 use super::StoreError;
 use super::counters::{LimitHit, Reservation};
 use super::messages::{LogEntry, OutboxEvent};
+use rusqlite::types::Value as SqlValue;
 use sqlx::{Any, AnyPool, Row, Transaction};
+use std::path::PathBuf;
 use tokio::sync::{mpsc, oneshot};
 
 /// Largest number of writes in one transaction.
@@ -47,37 +56,81 @@ enum Done {
     Record(i64),
 }
 
-/// Starts the writer task over `pool`; it ends when every sender is dropped.
-pub(super) fn spawn(pool: AnyPool) -> mpsc::Sender<WriteOp> {
-    let (tx, mut rx) = mpsc::channel::<WriteOp>(4 * MAX_BATCH);
-    tokio::spawn(async move {
-        let mut batch = Vec::with_capacity(MAX_BATCH);
-        while let Some(first) = rx.recv().await {
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(op) => batch.push(op),
-                    Err(_) => break,
-                }
-            }
-            match run_batch(&pool, &batch).await {
-                Ok(results) => {
-                    for (op, done) in batch.drain(..).zip(results) {
-                        answer(op, Ok(done));
-                    }
-                }
-                Err(_) => {
-                    for op in batch.drain(..) {
-                        let result = run_batch(&pool, std::slice::from_ref(&op))
-                            .await
-                            .map(|mut r| r.remove(0));
-                        answer(op, result);
-                    }
-                }
-            }
-        }
-    });
-    tx
+const RELEASE_SQL: &str = "UPDATE usage_counters SET count = count - 1 WHERE scope = $1 AND window_start = $2 AND count > 0";
+const COUNT_SQL: &str = "SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2";
+const INSERT_LOG_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
+     recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id";
+const INSERT_OUTBOX_SQL: &str = "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, \
+     available_at) VALUES ($1, $2, $3, $4, $5, $5)";
+
+/// One conditional upsert for `n` counters; returns the scopes it took.
+fn reserve_sql(n: usize) -> String {
+    let values: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                "(${}, ${}, 1, ${}, ${})",
+                4 * i + 1,
+                4 * i + 2,
+                4 * i + 3,
+                4 * i + 4
+            )
+        })
+        .collect();
+    format!(
+        "INSERT INTO usage_counters (scope, window_start, count, expires_at, lim) VALUES {} \
+         ON CONFLICT (scope, window_start) DO UPDATE SET count = usage_counters.count + 1, lim = excluded.lim \
+         WHERE usage_counters.count < excluded.lim RETURNING scope",
+        values.join(", ")
+    )
+}
+
+/// Which reservation was full, given the scopes the upsert took; and the ones to undo.
+fn first_full(rs: &[Reservation], taken: &[String]) -> Option<(usize, Vec<Reservation>)> {
+    if taken.len() == rs.len() {
+        return None;
+    }
+    let index = rs
+        .iter()
+        .position(|r| !taken.contains(&r.scope))
+        .unwrap_or(0);
+    Some((
+        index,
+        rs.iter()
+            .filter(|r| taken.contains(&r.scope))
+            .cloned()
+            .collect(),
+    ))
+}
+
+fn log_values(e: &LogEntry) -> Vec<SqlValue> {
+    let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
+    vec![
+        SqlValue::Text(e.customer_id.clone()),
+        text(&e.instance_id),
+        text(&e.api_key_id),
+        SqlValue::Text(e.source.clone()),
+        text(&e.purpose),
+        text(&e.recipient),
+        text(&e.message_type),
+        SqlValue::Text(e.decision.clone()),
+        text(&e.error_code),
+        text(&e.policy),
+        text(&e.reason),
+        text(&e.provider_message_id),
+        SqlValue::Text(e.status.clone()),
+        SqlValue::Integer(e.created_at),
+    ]
+}
+
+fn outbox_values(e: &OutboxEvent) -> Vec<SqlValue> {
+    vec![
+        SqlValue::Text(e.customer_id.clone()),
+        e.instance_id.clone().map_or(SqlValue::Null, SqlValue::Text),
+        SqlValue::Text(e.event_type.clone()),
+        SqlValue::Text(e.payload.to_string()),
+        SqlValue::Integer(e.created_at),
+    ]
 }
 
 fn answer(op: WriteOp, result: Result<Done, StoreError>) {
@@ -93,20 +146,197 @@ fn answer(op: WriteOp, result: Result<Done, StoreError>) {
     }
 }
 
-async fn run_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, StoreError> {
+/// Takes whatever else is queued, up to a full batch.
+fn fill(rx: &mut mpsc::Receiver<WriteOp>, batch: &mut Vec<WriteOp>) {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(op) => batch.push(op),
+            Err(_) => break,
+        }
+    }
+}
+
+fn log_batch(log: &Option<slog::Logger>, writes: usize, ok: bool, started: std::time::Instant) {
+    if let Some(log) = log {
+        slog::debug!(log, "write batch"; "writes" => writes, "ok" => ok,
+                     "elapsed_us" => started.elapsed().as_micros() as u64);
+    }
+}
+
+/// The file of a `sqlite:` URL.
+pub(super) fn sqlite_path(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or_default();
+    (!path.is_empty() && !path.starts_with(":memory:")).then(|| PathBuf::from(path))
+}
+
+/// Starts the SQLite writer thread on the database file `path`.
+pub(super) fn spawn_sqlite(
+    path: PathBuf,
+    log: Option<slog::Logger>,
+) -> Result<mpsc::Sender<WriteOp>, StoreError> {
+    let mut conn = rusqlite::Connection::open(&path)?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 10000; \
+         PRAGMA foreign_keys = ON;",
+    )?;
+    let (tx, mut rx) = mpsc::channel::<WriteOp>(4 * MAX_BATCH);
+    std::thread::Builder::new()
+        .name("sqlite-writer".into())
+        .spawn(move || {
+            let mut batch = Vec::with_capacity(MAX_BATCH);
+            while let Some(first) = rx.blocking_recv() {
+                batch.push(first);
+                fill(&mut rx, &mut batch);
+                let started = std::time::Instant::now();
+                let outcome = sqlite_batch(&mut conn, &batch);
+                log_batch(&log, batch.len(), outcome.is_ok(), started);
+                match outcome {
+                    Ok(results) => batch
+                        .drain(..)
+                        .zip(results)
+                        .for_each(|(op, done)| answer(op, Ok(done))),
+                    Err(_) => {
+                        for op in batch.drain(..) {
+                            let result = sqlite_batch(&mut conn, std::slice::from_ref(&op))
+                                .map(|mut r| r.remove(0));
+                            answer(op, result);
+                        }
+                    }
+                }
+            }
+        })
+        .map_err(|e| StoreError::Conflict(format!("starting the SQLite writer: {e}")))?;
+    Ok(tx)
+}
+
+fn sqlite_batch(
+    conn: &mut rusqlite::Connection,
+    batch: &[WriteOp],
+) -> Result<Vec<Done>, StoreError> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let mut results = Vec::with_capacity(batch.len());
+    for op in batch {
+        results.push(match op {
+            WriteOp::Reserve { reservations, .. } => {
+                Done::Reserve(sqlite_reserve(&tx, reservations)?)
+            }
+            WriteOp::Release { reservations, .. } => {
+                sqlite_release(&tx, reservations)?;
+                Done::Release
+            }
+            WriteOp::Record { entry, event, .. } => {
+                let id: i64 = tx
+                    .prepare_cached(INSERT_LOG_SQL)?
+                    .query_row(rusqlite::params_from_iter(log_values(entry)), |row| {
+                        row.get(0)
+                    })?;
+                if let Some(event) = event {
+                    tx.prepare_cached(INSERT_OUTBOX_SQL)?
+                        .execute(rusqlite::params_from_iter(outbox_values(event)))?;
+                }
+                Done::Record(id)
+            }
+        });
+    }
+    tx.commit()?;
+    Ok(results)
+}
+
+fn sqlite_reserve(
+    tx: &rusqlite::Transaction<'_>,
+    rs: &[Reservation],
+) -> Result<Result<(), LimitHit>, StoreError> {
+    if rs.is_empty() {
+        return Ok(Ok(()));
+    }
+    let params: Vec<SqlValue> = rs
+        .iter()
+        .flat_map(|r| {
+            [
+                SqlValue::Text(r.scope.clone()),
+                SqlValue::Integer(r.window_start),
+                SqlValue::Integer(r.expires_at),
+                SqlValue::Integer(r.limit),
+            ]
+        })
+        .collect();
+    let mut stmt = tx.prepare_cached(&reserve_sql(rs.len()))?;
+    let taken: Vec<String> = stmt
+        .query_map(rusqlite::params_from_iter(params), |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    let Some((index, undo)) = first_full(rs, &taken) else {
+        return Ok(Ok(()));
+    };
+    sqlite_release(tx, &undo)?;
+    let used: Option<i64> = tx
+        .prepare_cached(COUNT_SQL)?
+        .query_map(
+            rusqlite::params![rs[index].scope, rs[index].window_start],
+            |row| row.get(0),
+        )?
+        .next()
+        .transpose()?;
+    Ok(Err(LimitHit {
+        index,
+        used: used.unwrap_or(rs[index].limit),
+    }))
+}
+
+fn sqlite_release(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<(), StoreError> {
+    for r in rs {
+        tx.prepare_cached(RELEASE_SQL)?
+            .execute(rusqlite::params![r.scope, r.window_start])?;
+    }
+    Ok(())
+}
+
+/// Starts the PostgreSQL writer task over `pool`; it ends when every sender is dropped.
+pub(super) fn spawn_sqlx(pool: AnyPool, log: Option<slog::Logger>) -> mpsc::Sender<WriteOp> {
+    let (tx, mut rx) = mpsc::channel::<WriteOp>(4 * MAX_BATCH);
+    tokio::spawn(async move {
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        while let Some(first) = rx.recv().await {
+            batch.push(first);
+            fill(&mut rx, &mut batch);
+            let started = std::time::Instant::now();
+            let outcome = sqlx_batch(&pool, &batch).await;
+            log_batch(&log, batch.len(), outcome.is_ok(), started);
+            match outcome {
+                Ok(results) => batch
+                    .drain(..)
+                    .zip(results)
+                    .for_each(|(op, done)| answer(op, Ok(done))),
+                Err(_) => {
+                    for op in batch.drain(..) {
+                        let result = sqlx_batch(&pool, std::slice::from_ref(&op))
+                            .await
+                            .map(|mut r| r.remove(0));
+                        answer(op, result);
+                    }
+                }
+            }
+        }
+    });
+    tx
+}
+
+async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, StoreError> {
     let mut tx = pool.begin().await?;
     let mut results = Vec::with_capacity(batch.len());
     for op in batch {
         results.push(match op {
             WriteOp::Reserve { reservations, .. } => {
-                Done::Reserve(reserve(&mut tx, reservations).await?)
+                Done::Reserve(sqlx_reserve(&mut tx, reservations).await?)
             }
             WriteOp::Release { reservations, .. } => {
-                release(&mut tx, reservations).await?;
+                sqlx_release(&mut tx, reservations).await?;
                 Done::Release
             }
             WriteOp::Record { entry, event, .. } => {
-                Done::Record(record(&mut tx, entry, event.as_deref()).await?)
+                Done::Record(sqlx_record(&mut tx, entry, event.as_deref()).await?)
             }
         });
     }
@@ -114,32 +344,14 @@ async fn run_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, Store
     Ok(results)
 }
 
-/// Increments every counter below its limit in one statement; if any was full, undoes
-/// the increments that were made and names the first full one.
-async fn reserve(
+async fn sqlx_reserve(
     tx: &mut Transaction<'_, Any>,
     rs: &[Reservation],
 ) -> Result<Result<(), LimitHit>, StoreError> {
     if rs.is_empty() {
         return Ok(Ok(()));
     }
-    let values: Vec<String> = (0..rs.len())
-        .map(|i| {
-            format!(
-                "(${}, ${}, 1, ${}, ${})",
-                4 * i + 1,
-                4 * i + 2,
-                4 * i + 3,
-                4 * i + 4
-            )
-        })
-        .collect();
-    let sql = format!(
-        "INSERT INTO usage_counters (scope, window_start, count, expires_at, lim) VALUES {} \
-         ON CONFLICT (scope, window_start) DO UPDATE SET count = usage_counters.count + 1, lim = excluded.lim \
-         WHERE usage_counters.count < excluded.lim RETURNING scope",
-        values.join(", ")
-    );
+    let sql = reserve_sql(rs.len());
     let mut query = sqlx::query(&sql);
     for r in rs {
         query = query
@@ -154,34 +366,26 @@ async fn reserve(
         .iter()
         .map(|row| row.try_get("scope"))
         .collect::<Result<_, _>>()?;
-    if taken.len() == rs.len() {
+    let Some((index, undo)) = first_full(rs, &taken) else {
         return Ok(Ok(()));
-    }
-    let index = rs
-        .iter()
-        .position(|r| !taken.contains(&r.scope))
-        .unwrap_or(0);
-    let undo: Vec<Reservation> = rs
-        .iter()
-        .filter(|r| taken.contains(&r.scope))
-        .cloned()
-        .collect();
-    release(tx, &undo).await?;
-    let used: i64 =
-        sqlx::query("SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2")
-            .bind(&rs[index].scope)
-            .bind(rs[index].window_start)
-            .fetch_optional(&mut **tx)
-            .await?
-            .map(|row| row.try_get("count"))
-            .transpose()?
-            .unwrap_or(rs[index].limit);
-    Ok(Err(LimitHit { index, used }))
+    };
+    sqlx_release(tx, &undo).await?;
+    let used: Option<i64> = sqlx::query(COUNT_SQL)
+        .bind(&rs[index].scope)
+        .bind(rs[index].window_start)
+        .fetch_optional(&mut **tx)
+        .await?
+        .map(|row| row.try_get("count"))
+        .transpose()?;
+    Ok(Err(LimitHit {
+        index,
+        used: used.unwrap_or(rs[index].limit),
+    }))
 }
 
-async fn release(tx: &mut Transaction<'_, Any>, rs: &[Reservation]) -> Result<(), StoreError> {
+async fn sqlx_release(tx: &mut Transaction<'_, Any>, rs: &[Reservation]) -> Result<(), StoreError> {
     for r in rs {
-        sqlx::query("UPDATE usage_counters SET count = count - 1 WHERE scope = $1 AND window_start = $2 AND count > 0")
+        sqlx::query(RELEASE_SQL)
             .bind(&r.scope)
             .bind(r.window_start)
             .execute(&mut **tx)
@@ -190,45 +394,71 @@ async fn release(tx: &mut Transaction<'_, Any>, rs: &[Reservation]) -> Result<()
     Ok(())
 }
 
-async fn record(
+/// Binds SQLite-style values to an sqlx query (one list of values for both writers).
+fn bind_all<'q>(
+    mut query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
+    values: Vec<SqlValue>,
+) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
+    for value in values {
+        query = match value {
+            SqlValue::Text(s) => query.bind(s),
+            SqlValue::Integer(n) => query.bind(n),
+            SqlValue::Null => query.bind(None::<String>),
+            SqlValue::Real(f) => query.bind(f),
+            SqlValue::Blob(b) => query.bind(b),
+        };
+    }
+    query
+}
+
+async fn sqlx_record(
     tx: &mut Transaction<'_, Any>,
     entry: &LogEntry,
     event: Option<&OutboxEvent>,
 ) -> Result<i64, StoreError> {
-    let id: i64 = sqlx::query(
-        "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, recipient, message_type, \
-         decision, error_code, policy, reason, provider_message_id, status, created_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id",
-    )
-    .bind(&entry.customer_id)
-    .bind(&entry.instance_id)
-    .bind(&entry.api_key_id)
-    .bind(&entry.source)
-    .bind(&entry.purpose)
-    .bind(&entry.recipient)
-    .bind(&entry.message_type)
-    .bind(&entry.decision)
-    .bind(&entry.error_code)
-    .bind(&entry.policy)
-    .bind(&entry.reason)
-    .bind(&entry.provider_message_id)
-    .bind(&entry.status)
-    .bind(entry.created_at)
-    .fetch_one(&mut **tx)
-    .await?
-    .try_get("id")?;
+    let id: i64 = bind_all(sqlx::query(INSERT_LOG_SQL), log_values(entry))
+        .fetch_one(&mut **tx)
+        .await?
+        .try_get("id")?;
     if let Some(event) = event {
-        sqlx::query(
-            "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, available_at) \
-             VALUES ($1, $2, $3, $4, $5, $5)",
-        )
-        .bind(&event.customer_id)
-        .bind(&event.instance_id)
-        .bind(&event.event_type)
-        .bind(event.payload.to_string())
-        .bind(event.created_at)
-        .execute(&mut **tx)
-        .await?;
+        bind_all(sqlx::query(INSERT_OUTBOX_SQL), outbox_values(event))
+            .execute(&mut **tx)
+            .await?;
     }
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_urls_name_their_file() {
+        assert_eq!(
+            sqlite_path("sqlite://gateway.db?mode=rwc"),
+            Some(PathBuf::from("gateway.db"))
+        );
+        assert_eq!(
+            sqlite_path("sqlite:///tmp/x/g.db?mode=rwc"),
+            Some(PathBuf::from("/tmp/x/g.db"))
+        );
+        assert_eq!(sqlite_path("sqlite:g.db"), Some(PathBuf::from("g.db")));
+        assert_eq!(sqlite_path("sqlite::memory:"), None);
+        assert_eq!(sqlite_path("postgres://x/y"), None);
+    }
+
+    #[test]
+    fn first_full_reservation_is_named_and_the_others_undone() {
+        let r = |scope: &str| Reservation {
+            scope: scope.into(),
+            window_start: 0,
+            expires_at: 1,
+            limit: 1,
+        };
+        let rs = vec![r("a"), r("b"), r("c")];
+        assert!(first_full(&rs, &["a".into(), "b".into(), "c".into()]).is_none());
+        let (index, undo) = first_full(&rs, &["a".into(), "c".into()]).unwrap();
+        assert_eq!(index, 1);
+        assert_eq!(undo, vec![r("a"), r("c")]);
+    }
 }
