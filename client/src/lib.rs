@@ -23,13 +23,7 @@
 //! # Ok(()) }
 //! ```
 
-#[allow(
-    clippy::all,
-    unused_imports,
-    dead_code,
-    missing_docs,
-    unreachable_patterns
-)]
+#[allow(clippy::all, unused_imports, dead_code, missing_docs, unreachable_patterns)]
 mod generated {
     include!(concat!(env!("OUT_DIR"), "/codegen.rs"));
 }
@@ -46,9 +40,7 @@ pub struct Auth {
 impl Auth {
     /// Sends `Authorization: Bearer <api_key>`.
     pub fn bearer(api_key: impl Into<String>) -> Self {
-        Auth {
-            api_key: Some(api_key.into()),
-        }
+        Auth { api_key: Some(api_key.into()) }
     }
 
     /// Sends no credentials.
@@ -64,13 +56,9 @@ impl progenitor_client::ClientHooks<Auth> for Client {
         _info: &progenitor_client::OperationInfo,
     ) -> Result<(), Error<E>> {
         if let Some(key) = &self.inner().api_key {
-            let value =
-                reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).map_err(|e| {
-                    Error::InvalidRequest(format!("API key is not a valid header value: {e}"))
-                })?;
-            request
-                .headers_mut()
-                .insert(reqwest::header::AUTHORIZATION, value);
+            let value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|e| Error::InvalidRequest(format!("API key is not a valid header value: {e}")))?;
+            request.headers_mut().insert(reqwest::header::AUTHORIZATION, value);
         }
         Ok(())
     }

@@ -43,15 +43,8 @@ impl TestContext {
     }
 
     /// A gateway with a changed configuration and, optionally, other parts.
-    pub async fn with(
-        name: &str,
-        change: impl FnOnce(&mut Config),
-        parts: Option<Parts>,
-    ) -> TestContext {
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("gw-{name}-"))
-            .tempdir()
-            .expect("temp dir");
+    pub async fn with(name: &str, change: impl FnOnce(&mut Config), parts: Option<Parts>) -> TestContext {
+        let dir = tempfile::Builder::new().prefix(&format!("gw-{name}-")).tempdir().expect("temp dir");
         let mut config = Config {
             listen: "127.0.0.1:0".parse().unwrap(),
             provider_timeout_ms: 300,
@@ -68,21 +61,15 @@ impl TestContext {
                 )
                 .to_ascii_lowercase();
                 sqlx::any::install_default_drivers();
-                let mut conn = sqlx::AnyConnection::connect(&admin)
-                    .await
-                    .expect("connect to GATEWAY_TEST_DATABASE_URL");
-                conn.execute(format!("CREATE DATABASE {db}").as_str())
-                    .await
-                    .expect("create test database");
+                let mut conn =
+                    sqlx::AnyConnection::connect(&admin).await.expect("connect to GATEWAY_TEST_DATABASE_URL");
+                conn.execute(format!("CREATE DATABASE {db}").as_str()).await.expect("create test database");
                 conn.close().await.ok();
                 config.database_url = replace_database(&admin, &db);
                 Some((admin, db))
             }
             _ => {
-                config.database_url = format!(
-                    "sqlite://{}?mode=rwc",
-                    dir.path().join("gateway.db").display()
-                );
+                config.database_url = format!("sqlite://{}?mode=rwc", dir.path().join("gateway.db").display());
                 None
             }
         };
@@ -92,22 +79,11 @@ impl TestContext {
             Some(parts) => parts,
             None => Parts::from_config(&config).expect("parts"),
         };
-        let server = start_server_with(log, &config, parts)
-            .await
-            .expect("gateway starts");
+        let server = start_server_with(log, &config, parts).await.expect("gateway starts");
         let base_url = format!("http://{}", server.local_addr());
         let tenant = create_tenant(server.store(), &config, "Test customer", Some("starter")).await;
         let client = gateway_client::Client::with_api_key(&base_url, &tenant.api_key);
-        TestContext {
-            server,
-            config,
-            base_url,
-            tenant,
-            client,
-            http: reqwest::Client::new(),
-            postgres,
-            _dir: dir,
-        }
+        TestContext { server, config, base_url, tenant, client, http: reqwest::Client::new(), postgres, _dir: dir }
     }
 
     /// The store of the running gateway.
@@ -127,9 +103,7 @@ impl TestContext {
             recipient_per_minute: Some(1_000_000),
             ..LimitOverrides::default()
         };
-        ops::set_limits(self.store(), customer_id, &limits)
-            .await
-            .expect("set limits");
+        ops::set_limits(self.store(), customer_id, &limits).await.expect("set limits");
     }
 
     /// POSTs raw bytes to send-message with these headers; returns status and JSON body.
@@ -138,35 +112,22 @@ impl TestContext {
         body: impl Into<reqwest::Body>,
         headers: &[(&str, &[u8])],
     ) -> (u16, serde_json::Value) {
-        let mut request = self
-            .http
-            .post(format!("{}/api/send-message", self.base_url))
-            .body(body);
+        let mut request = self.http.post(format!("{}/api/send-message", self.base_url)).body(body);
         for (name, value) in headers {
-            request = request.header(
-                *name,
-                reqwest::header::HeaderValue::from_bytes(value).expect("header value"),
-            );
+            request = request.header(*name, reqwest::header::HeaderValue::from_bytes(value).expect("header value"));
         }
         let response = request.send().await.expect("request reaches the gateway");
         let status = response.status().as_u16();
         let text = response.text().await.expect("body");
-        let json = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {text}"));
+        let json = serde_json::from_str(&text).unwrap_or_else(|e| panic!("body is not JSON ({e}): {text}"));
         (status, json)
     }
 
     /// POSTs a JSON value as the default tenant.
     pub async fn send_json(&self, body: &serde_json::Value) -> (u16, serde_json::Value) {
         let auth = format!("Bearer {}", self.tenant.api_key);
-        self.raw_send(
-            body.to_string(),
-            &[
-                ("authorization", auth.as_bytes()),
-                ("content-type", b"application/json"),
-            ],
-        )
-        .await
+        self.raw_send(body.to_string(), &[("authorization", auth.as_bytes()), ("content-type", b"application/json")])
+            .await
     }
 
     /// Stops the gateway and drops its PostgreSQL database.
@@ -175,29 +136,16 @@ impl TestContext {
         if let Some((admin, db)) = self.postgres
             && let Ok(mut conn) = sqlx::AnyConnection::connect(&admin).await
         {
-            let _ = conn
-                .execute(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)").as_str())
-                .await;
+            let _ = conn.execute(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)").as_str()).await;
         }
     }
 }
 
 /// A customer with a connected instance `main` and an API key.
-pub async fn create_tenant(
-    store: &Store,
-    config: &Config,
-    name: &str,
-    plan: Option<&str>,
-) -> Tenant {
-    let customer = ops::create_customer(store, name, plan, true)
-        .await
-        .expect("customer");
-    let instance = ops::create_instance(store, config, &customer.id, "main", true)
-        .await
-        .expect("instance");
-    let key = ops::create_key(store, &customer.id, "test")
-        .await
-        .expect("key");
+pub async fn create_tenant(store: &Store, config: &Config, name: &str, plan: Option<&str>) -> Tenant {
+    let customer = ops::create_customer(store, name, plan, true).await.expect("customer");
+    let instance = ops::create_instance(store, config, &customer.id, "main", true).await.expect("instance");
+    let key = ops::create_key(store, &customer.id, "test").await.expect("key");
     Tenant {
         customer_id: customer.id,
         instance_id: instance.id,
@@ -209,9 +157,7 @@ pub async fn create_tenant(
 
 /// `postgres://u@h:p/old?x` with the database replaced.
 fn replace_database(url: &str, db: &str) -> String {
-    let (base, query) = url
-        .split_once('?')
-        .map_or((url, None), |(b, q)| (b, Some(q)));
+    let (base, query) = url.split_once('?').map_or((url, None), |(b, q)| (b, Some(q)));
     let scheme_end = base.find("://").map_or(0, |i| i + 3);
     let base = match base[scheme_end..].find('/') {
         Some(i) => &base[..scheme_end + i],
@@ -225,10 +171,7 @@ fn replace_database(url: &str, db: &str) -> String {
 
 /// Parts with this provider and the default policy.
 pub fn parts_with_provider(provider: Arc<dyn gateway_server::provider::Provider>) -> Parts {
-    Parts {
-        provider,
-        policy: Arc::new(gateway_server::policy::Builtin),
-    }
+    Parts { provider, policy: Arc::new(gateway_server::policy::Builtin) }
 }
 
 #[cfg(test)]
@@ -243,9 +186,6 @@ mod tests {
             super::replace_database("postgres://127.0.0.1/test?sslmode=disable", "x"),
             "postgres://127.0.0.1/x?sslmode=disable"
         );
-        assert_eq!(
-            super::replace_database("postgres://127.0.0.1", "x"),
-            "postgres://127.0.0.1/x"
-        );
+        assert_eq!(super::replace_database("postgres://127.0.0.1", "x"), "postgres://127.0.0.1/x");
     }
 }

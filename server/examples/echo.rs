@@ -5,8 +5,8 @@
 //! Run: `cargo run --release -p gateway-server --example echo -- 127.0.0.1:18081 /tmp/echo.log`
 
 use dropshot::{
-    ApiDescription, ConfigDropshot, ConfigLogging, ConfigLoggingIfExists, ConfigLoggingLevel,
-    HttpError, HttpResponseOk, RequestContext, ServerBuilder, TypedBody, endpoint,
+    ApiDescription, ConfigDropshot, ConfigLogging, ConfigLoggingIfExists, ConfigLoggingLevel, HttpError,
+    HttpResponseOk, RequestContext, ServerBuilder, TypedBody, endpoint,
 };
 
 /// Echoes the JSON body.
@@ -37,10 +37,7 @@ async fn main() -> Result<(), String> {
         default_request_body_max_bytes: 64 * 1024,
         ..Default::default()
     };
-    let server = ServerBuilder::new(api, (), log)
-        .config(config)
-        .start()
-        .map_err(|e| e.to_string())?;
+    let server = ServerBuilder::new(api, (), log).config(config).start().map_err(|e| e.to_string())?;
     tokio::signal::ctrl_c().await.map_err(|e| e.to_string())?;
     server.close().await
 }

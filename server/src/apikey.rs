@@ -23,15 +23,9 @@ pub struct NewKey {
 /// Generates a new key.
 pub fn generate() -> NewKey {
     let mut rng = rand::rngs::OsRng;
-    let body: String = (0..BODY_LEN)
-        .map(|_| BASE62[rng.gen_range(0..62)] as char)
-        .collect();
+    let body: String = (0..BODY_LEN).map(|_| BASE62[rng.gen_range(0..62)] as char).collect();
     let plaintext = format!("{PREFIX}{body}{}", checksum(&body));
-    NewKey {
-        prefix: plaintext[..VISIBLE].to_string(),
-        hash: hash(&plaintext),
-        plaintext,
-    }
+    NewKey { prefix: plaintext[..VISIBLE].to_string(), hash: hash(&plaintext), plaintext }
 }
 
 /// Whether `key` has our shape and a correct checksum.

@@ -115,10 +115,7 @@ impl Default for Config {
 
 impl Default for VelocityLimits {
     fn default() -> Self {
-        VelocityLimits {
-            instance_per_minute: 30,
-            recipient_per_minute: 5,
-        }
+        VelocityLimits { instance_per_minute: 30, recipient_per_minute: 5 }
     }
 }
 
@@ -157,45 +154,28 @@ impl Default for MediaLimits {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    Read { path: String, source: std::io::Error },
     #[error("parsing {path}: {source}")]
-    Parse {
-        path: String,
-        source: toml::de::Error,
-    },
+    Parse { path: String, source: toml::de::Error },
     #[error("invalid configuration: {0}")]
     Invalid(String),
 }
 
 impl Config {
     /// Reads `file` (if any), then applies `GATEWAY_*` variables from `env`.
-    pub fn load(
-        file: Option<&Path>,
-        env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Config, ConfigError> {
+    pub fn load(file: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> Result<Config, ConfigError> {
         let mut table = match file {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.display().to_string(),
-                    source,
-                })?;
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
                 text.parse::<toml::Table>()
-                    .map_err(|source| ConfigError::Parse {
-                        path: path.display().to_string(),
-                        source,
-                    })?
+                    .map_err(|source| ConfigError::Parse { path: path.display().to_string(), source })?
             }
             None => toml::Table::new(),
         };
         let overrides: BTreeMap<String, String> = env
             .into_iter()
-            .filter_map(|(k, v)| {
-                k.strip_prefix("GATEWAY_")
-                    .map(|k| (k.to_ascii_lowercase(), v))
-            })
+            .filter_map(|(k, v)| k.strip_prefix("GATEWAY_").map(|k| (k.to_ascii_lowercase(), v)))
             .filter(|(k, _)| !k.starts_with("test_"))
             .collect();
         for (key, value) in overrides {
@@ -207,29 +187,21 @@ impl Config {
                     .entry(part.to_string())
                     .or_insert_with(|| toml::Value::Table(toml::Table::new()))
                     .as_table_mut()
-                    .ok_or_else(|| {
-                        ConfigError::Invalid(format!("GATEWAY_{key}: {part} is not a section"))
-                    })?;
+                    .ok_or_else(|| ConfigError::Invalid(format!("GATEWAY_{key}: {part} is not a section")))?;
             }
             at.insert(leaf.to_string(), env_value(&value));
         }
-        let config: Config =
-            toml::Value::Table(table)
-                .try_into()
-                .map_err(|source| ConfigError::Parse {
-                    path: "configuration".to_string(),
-                    source,
-                })?;
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|source| ConfigError::Parse { path: "configuration".to_string(), source })?;
         config.validate()?;
         Ok(config)
     }
 
     /// Parses a TOML text (no environment).
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|source| ConfigError::Parse {
-            path: "configuration".to_string(),
-            source,
-        })?;
+        let config: Config =
+            toml::from_str(text).map_err(|source| ConfigError::Parse { path: "configuration".to_string(), source })?;
         config.validate()?;
         Ok(config)
     }
@@ -242,10 +214,7 @@ impl Config {
             )));
         }
         if !matches!(self.log_format.as_str(), "json" | "pretty") {
-            return Err(ConfigError::Invalid(format!(
-                "log_format must be json or pretty, not {:?}",
-                self.log_format
-            )));
+            return Err(ConfigError::Invalid(format!("log_format must be json or pretty, not {:?}", self.log_format)));
         }
         let all_limits = [
             self.limits.instance_per_minute,
@@ -256,9 +225,7 @@ impl Config {
             self.plans.scale.monthly_messages,
         ];
         if all_limits.iter().any(|n| *n < 1) {
-            return Err(ConfigError::Invalid(
-                "limits must be at least 1".to_string(),
-            ));
+            return Err(ConfigError::Invalid("limits must be at least 1".to_string()));
         }
         Ok(())
     }
@@ -305,9 +272,7 @@ fn flexible_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
         Flexible::Text(s) => match s.as_str() {
             "1" | "true" | "yes" | "on" => Ok(true),
             "0" | "false" | "no" | "off" | "" => Ok(false),
-            other => Err(serde::de::Error::custom(format!(
-                "not a boolean: {other:?}"
-            ))),
+            other => Err(serde::de::Error::custom(format!("not a boolean: {other:?}"))),
         },
     }
 }
@@ -348,10 +313,7 @@ mod tests {
             "max_document_bytes",
             "max_audio_bytes",
         ] {
-            assert!(
-                text.contains(key),
-                "examples/config.toml does not document {key}"
-            );
+            assert!(text.contains(key), "examples/config.toml does not document {key}");
         }
     }
 
@@ -361,21 +323,9 @@ mod tests {
         assert_eq!(c.database_url, "sqlite://gateway.db?mode=rwc");
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(c.provider, "simulator");
-        assert_eq!(
-            (c.limits.instance_per_minute, c.limits.recipient_per_minute),
-            (30, 5)
-        );
-        assert_eq!(
-            (
-                c.plans.starter.daily_messages,
-                c.plans.starter.monthly_messages
-            ),
-            (100, 2000)
-        );
-        assert_eq!(
-            (c.plans.scale.instances, c.plans.scale.daily_messages),
-            (10, 1500)
-        );
+        assert_eq!((c.limits.instance_per_minute, c.limits.recipient_per_minute), (30, 5));
+        assert_eq!((c.plans.starter.daily_messages, c.plans.starter.monthly_messages), (100, 2000));
+        assert_eq!((c.plans.scale.instances, c.plans.scale.daily_messages), (10, 1500));
     }
 
     #[test]

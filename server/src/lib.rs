@@ -18,8 +18,7 @@ pub mod store;
 
 use config::Config;
 use dropshot::{
-    ConfigDropshot, ConfigLogging, ConfigLoggingIfExists, ConfigLoggingLevel, HandlerTaskMode,
-    ServerBuilder,
+    ConfigDropshot, ConfigLogging, ConfigLoggingIfExists, ConfigLoggingLevel, HandlerTaskMode, ServerBuilder,
 };
 use slog::{Logger, info, warn};
 use std::net::SocketAddr;
@@ -54,10 +53,7 @@ impl Parts {
             "simulator" => Arc::new(provider::Simulator),
             other => return Err(StartError::Provider(other.to_string())),
         };
-        Ok(Parts {
-            provider,
-            policy: Arc::new(policy::Builtin),
-        })
+        Ok(Parts { provider, policy: Arc::new(policy::Builtin) })
     }
 }
 
@@ -104,11 +100,7 @@ pub async fn start_server(log: Logger, config: &Config) -> Result<RunningServer,
 }
 
 /// Starts the gateway with the given parts.
-pub async fn start_server_with(
-    log: Logger,
-    config: &Config,
-    parts: Parts,
-) -> Result<RunningServer, StartError> {
+pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Result<RunningServer, StartError> {
     let config = Arc::new(config.clone());
     if config.allow_loopback_targets {
         warn!(
@@ -118,12 +110,7 @@ pub async fn start_server_with(
         );
     }
     let store_log = log.new(slog::o!("component" => "store"));
-    let store = Store::open(
-        &config.database_url,
-        config.database_max_connections,
-        Some(store_log),
-    )
-    .await?;
+    let store = Store::open(&config.database_url, config.database_max_connections, Some(store_log)).await?;
     let sender = send::Sender::new(store.clone(), parts.provider, parts.policy, config.clone());
     let state = Arc::new(http::AppState::new(store.clone(), sender));
     let api = http::api_description().map_err(StartError::Api)?;
@@ -137,18 +124,10 @@ pub async fn start_server_with(
         .config(dropshot_config)
         .start()
         .map_err(|e| StartError::Http(e.to_string()))?;
-    let workers = vec![spawn_counter_pruner(
-        store.clone(),
-        log.new(slog::o!("component" => "store")),
-    )];
+    let workers = vec![spawn_counter_pruner(store.clone(), log.new(slog::o!("component" => "store")))];
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
           "provider" => &config.provider);
-    Ok(RunningServer {
-        http,
-        store,
-        workers,
-        log,
-    })
+    Ok(RunningServer { http, store, workers, log })
 }
 
 /// Deletes limit counters whose window is over, every ten minutes.
@@ -182,10 +161,7 @@ pub fn make_logger(config: &Config) -> Result<Logger, String> {
         ("pretty", None) => ConfigLogging::StderrTerminal { level },
         (_, file) => ConfigLogging::File {
             level,
-            path: file
-                .clone()
-                .unwrap_or_else(|| "/dev/stderr".to_string())
-                .into(),
+            path: file.clone().unwrap_or_else(|| "/dev/stderr".to_string()).into(),
             if_exists: ConfigLoggingIfExists::Append,
         },
     };

@@ -4,9 +4,7 @@
 use crate::apikey;
 use crate::config::Config;
 use crate::send::phone;
-use crate::store::{
-    ApiKeyRecord, Customer, Instance, LimitOverrides, PlanStatus, Store, StoreError, now_ms,
-};
+use crate::store::{ApiKeyRecord, Customer, Instance, LimitOverrides, PlanStatus, Store, StoreError, now_ms};
 use serde_json::{Value, json};
 
 /// An operator action that could not be done.
@@ -65,16 +63,13 @@ pub fn key_json(k: &ApiKeyRecord) -> Value {
 }
 
 fn rfc3339(ms: i64) -> Option<String> {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+    chrono::DateTime::from_timestamp_millis(ms).map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
 }
 
 fn check_plan(plan: &str) -> Result<(), OpsError> {
     match plan {
         "starter" | "scale" => Ok(()),
-        other => Err(OpsError::Invalid(format!(
-            "plan must be starter or scale, not {other:?}"
-        ))),
+        other => Err(OpsError::Invalid(format!("plan must be starter or scale, not {other:?}"))),
     }
 }
 
@@ -95,28 +90,14 @@ pub async fn create_customer(
 }
 
 /// Assigns (or renews) a plan.
-pub async fn assign_plan(
-    store: &Store,
-    customer_id: &str,
-    plan: &str,
-    approve: bool,
-) -> Result<Customer, OpsError> {
+pub async fn assign_plan(store: &Store, customer_id: &str, plan: &str, approve: bool) -> Result<Customer, OpsError> {
     check_plan(plan)?;
     Ok(store.assign_plan(customer_id, plan, approve).await?)
 }
 
 /// Sets an operator's reviewed limit overrides.
-pub async fn set_limits(
-    store: &Store,
-    customer_id: &str,
-    limits: &LimitOverrides,
-) -> Result<Customer, OpsError> {
-    let all = [
-        limits.daily,
-        limits.monthly,
-        limits.instance_per_minute,
-        limits.recipient_per_minute,
-    ];
+pub async fn set_limits(store: &Store, customer_id: &str, limits: &LimitOverrides) -> Result<Customer, OpsError> {
+    let all = [limits.daily, limits.monthly, limits.instance_per_minute, limits.recipient_per_minute];
     if all.iter().flatten().any(|n| *n < 1) {
         return Err(OpsError::Invalid("limits must be at least 1".into()));
     }
@@ -133,30 +114,20 @@ pub async fn create_instance(
 ) -> Result<Instance, OpsError> {
     let name = name.trim();
     if name.is_empty() || name.len() > 64 {
-        return Err(OpsError::Invalid(
-            "the name must be 1 to 64 characters".into(),
-        ));
+        return Err(OpsError::Invalid("the name must be 1 to 64 characters".into()));
     }
     let customer = store.customer(customer_id).await?;
     let cap = match customer.plan_status(now_ms()) {
-        PlanStatus::Active => customer
-            .plan
-            .as_deref()
-            .and_then(|p| config.plan(p))
-            .map(|p| p.instances),
+        PlanStatus::Active => customer.plan.as_deref().and_then(|p| config.plan(p)).map(|p| p.instances),
         _ => None,
     };
-    Ok(store
-        .create_instance(customer_id, name, &config.provider, connected, cap)
-        .await?)
+    Ok(store.create_instance(customer_id, name, &config.provider, connected, cap).await?)
 }
 
 /// Creates an API key; the returned JSON holds the key, shown this once.
 pub async fn create_key(store: &Store, customer_id: &str, name: &str) -> Result<Value, OpsError> {
     let new = apikey::generate();
-    let record = store
-        .insert_api_key(customer_id, name, &new.prefix, &new.hash)
-        .await?;
+    let record = store.insert_api_key(customer_id, name, &new.prefix, &new.hash).await?;
     let mut out = key_json(&record);
     out["api_key"] = Value::String(new.plaintext);
     Ok(out)
@@ -164,11 +135,9 @@ pub async fn create_key(store: &Store, customer_id: &str, name: &str) -> Result<
 
 /// Normalises a phone given on the command line.
 pub fn phone_arg(raw: &str) -> Result<String, OpsError> {
-    phone::normalize(raw).map(|p| p.e164).ok_or_else(|| {
-        OpsError::Invalid(format!(
-            "{raw:?} is not a valid number in international format"
-        ))
-    })
+    phone::normalize(raw)
+        .map(|p| p.e164)
+        .ok_or_else(|| OpsError::Invalid(format!("{raw:?} is not a valid number in international format")))
 }
 
 /// Name of the demo customer.
@@ -181,11 +150,7 @@ pub async fn demo(store: &Store, config: &Config) -> Result<Value, OpsError> {
     let customer = match store.customer_by_name(DEMO_CUSTOMER).await? {
         Some(c) if c.plan_status(now_ms()) == PlanStatus::Active => c,
         Some(c) => store.assign_plan(&c.id, "starter", true).await?,
-        None => {
-            store
-                .create_customer(DEMO_CUSTOMER, Some("starter"), true)
-                .await?
-        }
+        None => store.create_customer(DEMO_CUSTOMER, Some("starter"), true).await?,
     };
     let instance = match store.find_instance(&customer.id, "demo").await? {
         Some(i) => i,

@@ -33,12 +33,7 @@ pub fn expect_error(
 ) -> ErrorBody {
     match result {
         Err(Error::ErrorResponse(rv)) => {
-            assert_eq!(
-                rv.status().as_u16(),
-                status,
-                "status of {code}: {:?}",
-                rv.as_ref()
-            );
+            assert_eq!(rv.status().as_u16(), status, "status of {code}: {:?}", rv.as_ref());
             assert_eq!(rv.error, code);
             assert!(!rv.success);
             assert!(!rv.message.is_empty());
@@ -49,33 +44,19 @@ pub fn expect_error(
 }
 
 /// Asserts a raw response is the error body with this status and code.
-pub fn expect_raw(
-    response: (u16, serde_json::Value),
-    status: u16,
-    code: &str,
-) -> serde_json::Value {
+pub fn expect_raw(response: (u16, serde_json::Value), status: u16, code: &str) -> serde_json::Value {
     let (got, body) = response;
     assert_eq!(got, status, "status for {code}: {body}");
     assert_eq!(body["success"], false, "{body}");
     assert_eq!(body["error"], code, "{body}");
-    assert!(
-        body["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "{body}"
-    );
+    assert!(body["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
     assert!(body["details"].is_object(), "{body}");
-    assert_eq!(
-        body.as_object().unwrap().len(),
-        4,
-        "exactly the four fields: {body}"
-    );
+    assert_eq!(body.as_object().unwrap().len(), 4, "exactly the four fields: {body}");
     body
 }
 
 /// Whether a typed error is retryable, and its code is readable through the helper.
 pub fn retryable(e: &Error<ErrorBody>) -> bool {
-    assert!(
-        e.error_code().is_some(),
-        "the gateway answered with its error body: {e:?}"
-    );
+    assert!(e.error_code().is_some(), "the gateway answered with its error body: {e:?}");
     e.is_retryable()
 }

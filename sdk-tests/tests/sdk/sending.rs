@@ -13,13 +13,7 @@ fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-fn media(
-    media_type: MediaType,
-    mime: &str,
-    name: &str,
-    media: String,
-    caption: Option<&str>,
-) -> SendMessageRequest {
+fn media(media_type: MediaType, mime: &str, name: &str, media: String, caption: Option<&str>) -> SendMessageRequest {
     SendMessageRequest {
         instance_id: "main".into(),
         phone: "+5511987654321".into(),
@@ -36,11 +30,7 @@ fn media(
 #[tokio::test]
 async fn text_send_returns_the_success_body_logs_it_and_writes_message_sent() {
     let cx = TestContext::new("text_send").await;
-    let sent = cx
-        .client
-        .message_send(&text("main", "+1 415 555 0123", "Your order has shipped"))
-        .await
-        .unwrap();
+    let sent = cx.client.message_send(&text("main", "+1 415 555 0123", "Your order has shipped")).await.unwrap();
     assert_eq!(sent.status(), 200);
     assert!(sent.success);
     assert_eq!(sent.status, "sent");
@@ -51,19 +41,9 @@ async fn text_send_returns_the_success_body_logs_it_and_writes_message_sent() {
     assert_eq!(row.status, "sent");
     assert_eq!(row.recipient.as_deref(), Some("+14155550123"));
     assert_eq!(row.purpose.as_deref(), Some("transactional"));
-    assert_eq!(
-        row.provider_message_id.as_deref(),
-        Some(sent.message_id.as_str())
-    );
-    assert_eq!(
-        row.instance_id.as_deref(),
-        Some(cx.tenant.instance_id.as_str())
-    );
-    let events = cx
-        .store()
-        .outbox_events(&cx.tenant.customer_id)
-        .await
-        .unwrap();
+    assert_eq!(row.provider_message_id.as_deref(), Some(sent.message_id.as_str()));
+    assert_eq!(row.instance_id.as_deref(), Some(cx.tenant.instance_id.as_str()));
+    let events = cx.store().outbox_events(&cx.tenant.customer_id).await.unwrap();
     assert_eq!(events.len(), 1);
     let (kind, event) = &events[0];
     assert_eq!(kind, "message.sent");
@@ -82,13 +62,7 @@ async fn base64_data_url_and_https_url_media_are_sent() {
     let cx = TestContext::with("media_send", |c| c.allow_loopback_targets = true, None).await;
     cx.lift_velocity(&cx.tenant.customer_id).await;
     let cases = [
-        media(
-            MediaType::Image,
-            "image/png",
-            "a.png",
-            b64(PNG),
-            Some("Receipt"),
-        ),
+        media(MediaType::Image, "image/png", "a.png", b64(PNG), Some("Receipt")),
         media(
             MediaType::Document,
             "application/pdf",
@@ -98,21 +72,11 @@ async fn base64_data_url_and_https_url_media_are_sent() {
         ),
         media(MediaType::Audio, "audio/ogg", "note.ogg", b64(OGG), None),
         // Loopback https is allowed here only because the test sets the development flag.
-        media(
-            MediaType::Image,
-            "image/png",
-            "b.png",
-            "https://localhost:9/b.png".into(),
-            None,
-        ),
+        media(MediaType::Image, "image/png", "b.png", "https://localhost:9/b.png".into(), None),
     ];
     for request in cases {
         let expected = request.media_type.unwrap().to_string();
-        let sent = cx
-            .client
-            .message_send(&request)
-            .await
-            .unwrap_or_else(|e| panic!("{expected}: {e:?}"));
+        let sent = cx.client.message_send(&request).await.unwrap_or_else(|e| panic!("{expected}: {e:?}"));
         assert_eq!(sent.message_type.as_deref(), Some(expected.as_str()));
         let row = cx.store().log_entry(sent.log_id).await.unwrap();
         assert_eq!(row.message_type.as_deref(), Some(expected.as_str()));
@@ -124,51 +88,14 @@ async fn base64_data_url_and_https_url_media_are_sent() {
 async fn every_attempt_leaves_one_log_row() {
     let cx = TestContext::new("log_rows").await;
     let key = format!("Bearer {}", cx.tenant.api_key);
-    cx.client
-        .message_send(&text("main", "+14155550123", "ok"))
-        .await
-        .unwrap();
-    let _ = cx
-        .client
-        .message_send(&text("nope", "+14155550123", "x"))
-        .await;
-    let _ = cx
-        .client
-        .message_send(&text("main", "+15005550001", "x"))
-        .await;
-    let _ = cx
-        .raw_send(
-            "{bad",
-            &[
-                ("authorization", key.as_bytes()),
-                ("content-type", b"application/json"),
-            ],
-        )
-        .await;
-    let rows = cx
-        .store()
-        .recent_log(&cx.tenant.customer_id, 10)
-        .await
-        .unwrap();
-    let codes: Vec<Option<&str>> = rows
-        .iter()
-        .rev()
-        .map(|(_, r)| r.error_code.as_deref())
-        .collect();
-    assert_eq!(
-        codes,
-        [
-            None,
-            Some("invalid_instance"),
-            Some("gateway_send_failed"),
-            Some("invalid_json")
-        ]
-    );
-    let decisions: Vec<&str> = rows
-        .iter()
-        .rev()
-        .map(|(_, r)| r.decision.as_str())
-        .collect();
+    cx.client.message_send(&text("main", "+14155550123", "ok")).await.unwrap();
+    let _ = cx.client.message_send(&text("nope", "+14155550123", "x")).await;
+    let _ = cx.client.message_send(&text("main", "+15005550001", "x")).await;
+    let _ = cx.raw_send("{bad", &[("authorization", key.as_bytes()), ("content-type", b"application/json")]).await;
+    let rows = cx.store().recent_log(&cx.tenant.customer_id, 10).await.unwrap();
+    let codes: Vec<Option<&str>> = rows.iter().rev().map(|(_, r)| r.error_code.as_deref()).collect();
+    assert_eq!(codes, [None, Some("invalid_instance"), Some("gateway_send_failed"), Some("invalid_json")]);
+    let decisions: Vec<&str> = rows.iter().rev().map(|(_, r)| r.decision.as_str()).collect();
     assert_eq!(decisions, ["allowed", "refused", "allowed", "refused"]);
     assert_eq!(rows[2].1.policy.as_deref(), Some("gateway/instance"));
     cx.teardown().await;
@@ -177,25 +104,14 @@ async fn every_attempt_leaves_one_log_row() {
 #[tokio::test]
 async fn last_used_at_is_recorded() {
     let cx = TestContext::new("last_used").await;
-    cx.client
-        .message_send(&text("main", "+14155550123", "ok"))
-        .await
-        .unwrap();
+    cx.client.message_send(&text("main", "+14155550123", "ok")).await.unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let key = cx
-            .store()
-            .api_key_by_hash(&gateway_server::apikey::hash(&cx.tenant.api_key))
-            .await
-            .unwrap()
-            .unwrap();
+        let key = cx.store().api_key_by_hash(&gateway_server::apikey::hash(&cx.tenant.api_key)).await.unwrap().unwrap();
         if key.last_used_at.is_some() {
             break;
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for last_used_at to be written"
-        );
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for last_used_at to be written");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     cx.teardown().await;

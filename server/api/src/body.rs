@@ -13,8 +13,8 @@
 use crate::error::ApiError;
 use bytes::{BufMut, BytesMut};
 use dropshot::{
-    ApiEndpointBodyContentType, ExclusiveExtractor, ExtractorMetadata, HttpError, RequestContext,
-    ServerContext, TypedBody,
+    ApiEndpointBodyContentType, ExclusiveExtractor, ExtractorMetadata, HttpError, RequestContext, ServerContext,
+    TypedBody,
 };
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http_body_util::BodyExt;
@@ -38,12 +38,7 @@ pub struct JsonBody<T> {
 
 /// `application/json` or `application/<something>+json`, with any parameters.
 pub fn is_json_content_type(value: &str) -> bool {
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
+    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     match essence.split_once('/') {
         Some(("application", sub)) => sub == "json" || sub.ends_with("+json"),
         _ => false,
@@ -58,20 +53,12 @@ impl<T: DeserializeOwned> JsonBody<T> {
         let content_type = match &self.content_type {
             Ok(ct) if is_json_content_type(ct) => ct.clone(),
             Ok(ct) => {
-                return Err(ApiError::new(
-                    415,
-                    "unsupported_media_type",
-                    "Content-Type must be application/json",
-                )
-                .with_detail("content_type", ct.as_str()));
+                return Err(ApiError::new(415, "unsupported_media_type", "Content-Type must be application/json")
+                    .with_detail("content_type", ct.as_str()));
             }
             Err(()) => {
-                return Err(ApiError::new(
-                    415,
-                    "unsupported_media_type",
-                    "Content-Type must be application/json",
-                )
-                .with_detail("content_type", "(not visible ASCII)"));
+                return Err(ApiError::new(415, "unsupported_media_type", "Content-Type must be application/json")
+                    .with_detail("content_type", "(not visible ASCII)"));
             }
         };
         let _ = content_type;
@@ -82,12 +69,8 @@ impl<T: DeserializeOwned> JsonBody<T> {
     async fn read(self) -> Result<BytesMut, ApiError> {
         let cap = self.limit;
         let too_large = || {
-            ApiError::new(
-                413,
-                "payload_too_large",
-                format!("request body is larger than {cap} bytes"),
-            )
-            .with_detail("limit_bytes", cap as u64)
+            ApiError::new(413, "payload_too_large", format!("request body is larger than {cap} bytes"))
+                .with_detail("limit_bytes", cap as u64)
         };
         if self.declared_length.is_some_and(|n| n > cap + MAX_DRAIN) {
             return Err(too_large());
@@ -98,8 +81,7 @@ impl<T: DeserializeOwned> JsonBody<T> {
         let mut body = self.body;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
-                ApiError::new(400, "invalid_json", "request body could not be read")
-                    .with_internal(e.to_string())
+                ApiError::new(400, "invalid_json", "request body could not be read").with_internal(e.to_string())
             })?;
             let Ok(data) = frame.into_data() else {
                 continue;
@@ -130,13 +112,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     // object, so a well-formed array is a 422 on the whole body.
     let is_array = bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[');
     let not_object = || {
-        ApiError::new(
-            422,
-            "validation_error",
-            "the request body must be a JSON object",
-        )
-        .with_detail("field", "body")
-        .with_detail("reason", "expected an object")
+        ApiError::new(422, "validation_error", "the request body must be a JSON object")
+            .with_detail("field", "body")
+            .with_detail("reason", "expected an object")
     };
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     match serde_path_to_error::deserialize::<_, T>(&mut *de) {
@@ -149,9 +127,9 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         }
         // serde stops at the first wrong value, before it has seen the whole text: a
         // type error in malformed JSON is still malformed JSON (400).
-        Err(e) if e.inner().classify() == Category::Data && !is_json(bytes) => Err(syntax_error(
-            &serde_json::from_slice::<serde::de::IgnoredAny>(bytes).expect_err("not JSON"),
-        )),
+        Err(e) if e.inner().classify() == Category::Data && !is_json(bytes) => {
+            Err(syntax_error(&serde_json::from_slice::<serde::de::IgnoredAny>(bytes).expect_err("not JSON")))
+        }
         Err(e) if is_array && e.inner().classify() == Category::Data => Err(not_object()),
         Err(e) => {
             let path = e.path().to_string();
@@ -161,25 +139,11 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                     let reason = inner.to_string();
                     let field = unknown_field_name(&reason)
                         .map(str::to_string)
-                        .unwrap_or_else(|| {
-                            if path == "." {
-                                "body".to_string()
-                            } else {
-                                path
-                            }
-                        });
-                    let reason = reason
-                        .split(" at line ")
-                        .next()
-                        .unwrap_or_default()
-                        .to_string();
-                    Err(ApiError::new(
-                        422,
-                        "validation_error",
-                        format!("invalid value for {field}"),
-                    )
-                    .with_detail("field", field)
-                    .with_detail("reason", reason))
+                        .unwrap_or_else(|| if path == "." { "body".to_string() } else { path });
+                    let reason = reason.split(" at line ").next().unwrap_or_default().to_string();
+                    Err(ApiError::new(422, "validation_error", format!("invalid value for {field}"))
+                        .with_detail("field", field)
+                        .with_detail("reason", reason))
                 }
                 _ => Err(syntax_error(&inner)),
             }
@@ -214,18 +178,9 @@ impl<T: JsonSchema + DeserializeOwned + Send + Sync + 'static> ExclusiveExtracto
             None => Ok(String::new()),
             Some(v) => v.to_str().map(str::to_string).map_err(|_| ()),
         };
-        let declared_length = parts
-            .headers
-            .get(CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        Ok(JsonBody {
-            content_type,
-            declared_length,
-            limit: rqctx.request_body_max_bytes(),
-            body,
-            _type: PhantomData,
-        })
+        let declared_length =
+            parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+        Ok(JsonBody { content_type, declared_length, limit: rqctx.request_body_max_bytes(), body, _type: PhantomData })
     }
 
     fn metadata(content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
@@ -263,10 +218,7 @@ mod tests {
         assert_eq!(code("{\"a\":").code, "invalid_json");
         assert_eq!(code("{} x").code, "invalid_json");
         let unknown = code("{\"b\":1}");
-        assert_eq!(
-            (unknown.status.as_u16(), unknown.code),
-            (422, "validation_error")
-        );
+        assert_eq!((unknown.status.as_u16(), unknown.code), (422, "validation_error"));
         assert_eq!(unknown.details["field"], "b");
         let wrong = code("{\"a\":1}");
         assert_eq!(wrong.details["field"], "a");

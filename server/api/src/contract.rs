@@ -9,8 +9,7 @@
 //! order depends on crate features), so the bytes are stable.
 
 use openapiv3::{
-    Components, MediaType, OpenAPI, ReferenceOr, Response, SecurityRequirement, SecurityScheme,
-    StatusCode,
+    Components, MediaType, OpenAPI, ReferenceOr, Response, SecurityRequirement, SecurityScheme, StatusCode,
 };
 
 /// `info.title` of the contract.
@@ -23,49 +22,33 @@ const BEARER: &str = "bearerAuth";
 /// Error statuses of `POST /api/send-message` with what each means.
 const SEND_MESSAGE_ERRORS: &[(u16, &str)] = &[
     (400, "Invalid JSON (`invalid_json`)"),
-    (
-        401,
-        "Missing, invalid or revoked API key (`invalid_api_key`, `revoked_api_key`)",
-    ),
+    (401, "Missing, invalid or revoked API key (`invalid_api_key`, `revoked_api_key`)"),
     (
         403,
         "Module, plan, suppression or policy denial (`module_not_enabled`, `active_plan_required`, \
          `recipient_suppressed`, `policy_violation`)",
     ),
-    (
-        404,
-        "Instance not found for this customer (`invalid_instance`)",
-    ),
-    (
-        413,
-        "Request body larger than the endpoint's limit (`payload_too_large`)",
-    ),
+    (404, "Instance not found for this customer (`invalid_instance`)"),
+    (413, "Request body larger than the endpoint's limit (`payload_too_large`)"),
     (415, "Content type is not JSON (`unsupported_media_type`)"),
     (
         422,
         "Validation or message-purpose error (`validation_error`, `missing_phone`, \
          `missing_message_text`, `message_purpose_required`, `message_purpose_not_allowed`)",
     ),
-    (
-        423,
-        "Instance paused for review (`instance_paused_for_review`)",
-    ),
+    (423, "Instance paused for review (`instance_paused_for_review`)"),
     (
         429,
         "Message limit or velocity control exceeded (`daily_message_limit_exceeded`, \
          `monthly_message_limit_exceeded`, `sending_throttled`)",
     ),
     (500, "Unexpected error (`internal_error`)"),
-    (
-        502,
-        "Delivery could not be completed after the checks (`gateway_send_failed`)",
-    ),
+    (502, "Delivery could not be completed after the checks (`gateway_send_failed`)"),
 ];
 
 /// The contract as committed in `openapi/openapi.json`.
 pub fn openapi_document() -> String {
-    let description =
-        crate::gateway_api_mod::stub_api_description().expect("the API trait is valid");
+    let description = crate::gateway_api_mod::stub_api_description().expect("the API trait is valid");
     let mut raw = Vec::new();
     description
         .openapi(CONTRACT_TITLE, CONTRACT_VERSION)
@@ -89,28 +72,17 @@ fn complete(doc: &mut OpenAPI) {
         ReferenceOr::Item(SecurityScheme::HTTP {
             scheme: "bearer".to_string(),
             bearer_format: Some("API key".to_string()),
-            description: Some(
-                "`Authorization: Bearer <API_KEY>`; keys are created in the dashboard.".to_string(),
-            ),
+            description: Some("`Authorization: Bearer <API_KEY>`; keys are created in the dashboard.".to_string()),
             extensions: Default::default(),
         }),
     );
-    let error_body = ReferenceOr::Reference {
-        reference: "#/components/schemas/ErrorBody".to_string(),
-    };
+    let error_body = ReferenceOr::Reference { reference: "#/components/schemas/ErrorBody".to_string() };
     for (_, item) in doc.paths.paths.iter_mut() {
         let ReferenceOr::Item(item) = item else {
             continue;
         };
-        for op in [
-            &mut item.get,
-            &mut item.put,
-            &mut item.post,
-            &mut item.delete,
-            &mut item.patch,
-        ]
-        .into_iter()
-        .flatten()
+        for op in
+            [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch].into_iter().flatten()
         {
             if op.operation_id.as_deref() != Some("message_send") {
                 continue;
@@ -122,23 +94,14 @@ fn complete(doc: &mut OpenAPI) {
                 let mut content = openapiv3::Content::default();
                 content.insert(
                     "application/json".to_string(),
-                    MediaType {
-                        schema: Some(error_body.clone()),
-                        ..Default::default()
-                    },
+                    MediaType { schema: Some(error_body.clone()), ..Default::default() },
                 );
                 op.responses.responses.insert(
                     StatusCode::Code(*status),
-                    ReferenceOr::Item(Response {
-                        description: (*what).to_string(),
-                        content,
-                        ..Default::default()
-                    }),
+                    ReferenceOr::Item(Response { description: (*what).to_string(), content, ..Default::default() }),
                 );
             }
-            op.responses
-                .responses
-                .sort_by(|a, _, b, _| status_rank(a).cmp(&status_rank(b)));
+            op.responses.responses.sort_by(|a, _, b, _| status_rank(a).cmp(&status_rank(b)));
         }
     }
 }

@@ -51,8 +51,7 @@ impl ApiError {
     /// A new error with an empty `details` object.
     pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
-            status: ErrorStatusCode::from_u16(status)
-                .unwrap_or(ErrorStatusCode::INTERNAL_SERVER_ERROR),
+            status: ErrorStatusCode::from_u16(status).unwrap_or(ErrorStatusCode::INTERNAL_SERVER_ERROR),
             code,
             message: message.into(),
             details: Map::new(),
@@ -131,29 +130,19 @@ const KNOWN_CODES: &[&str] = &[
 
 impl From<HttpError> for ApiError {
     fn from(e: HttpError) -> Self {
-        if let (Some(code), Some(json)) = (
-            &e.error_code,
-            e.internal_message.strip_prefix(DETAILS_PREFIX),
-        ) && let Some(code) = KNOWN_CODES.iter().find(|k| **k == code.as_str())
+        if let (Some(code), Some(json)) = (&e.error_code, e.internal_message.strip_prefix(DETAILS_PREFIX))
+            && let Some(code) = KNOWN_CODES.iter().find(|k| **k == code.as_str())
         {
             let details = match serde_json::from_str(json) {
                 Ok(Value::Object(map)) => map,
                 _ => Map::new(),
             };
-            return ApiError {
-                status: e.status_code,
-                code,
-                message: e.external_message,
-                details,
-                internal: None,
-            };
+            return ApiError { status: e.status_code, code, message: e.external_message, details, internal: None };
         }
         // Dropshot's own extractor and serialisation failures.
         let m = e.external_message.as_str();
         let (status, code): (u16, &'static str) = match e.status_code.as_u16() {
-            400 if m.starts_with("request body exceeded maximum size") => {
-                (413, "payload_too_large")
-            }
+            400 if m.starts_with("request body exceeded maximum size") => (413, "payload_too_large"),
             400 if m.starts_with("unable to parse JSON body") => (400, "invalid_json"),
             400 if m.starts_with("error processing headers") => (422, "validation_error"),
             400 if m.starts_with("unable to parse query string") => (422, "validation_error"),
@@ -167,11 +156,7 @@ impl From<HttpError> for ApiError {
             429 => (429, "sending_throttled"),
             _ => (500, "internal_error"),
         };
-        let message = if status == 500 {
-            "an unexpected error occurred".to_string()
-        } else {
-            e.external_message
-        };
+        let message = if status == 500 { "an unexpected error occurred".to_string() } else { e.external_message };
         ApiError::new(status, code, message).with_internal(e.internal_message)
     }
 }
@@ -218,8 +203,7 @@ mod tests {
 
     #[test]
     fn code_and_details_survive_the_trip_through_http_error() {
-        let e = ApiError::new(429, "sending_throttled", "slow down")
-            .with_detail("retry_after_seconds", 7);
+        let e = ApiError::new(429, "sending_throttled", "slow down").with_detail("retry_after_seconds", 7);
         let back = ApiError::from(e.into_http_error());
         assert_eq!(back.status.as_u16(), 429);
         assert_eq!(back.code, "sending_throttled");
@@ -228,15 +212,9 @@ mod tests {
 
     #[test]
     fn dropshot_body_limit_error_becomes_413() {
-        let e = HttpError::for_bad_request(
-            None,
-            "request body exceeded maximum size of 10 bytes".into(),
-        );
+        let e = HttpError::for_bad_request(None, "request body exceeded maximum size of 10 bytes".into());
         let back = ApiError::from(e);
-        assert_eq!(
-            (back.status.as_u16(), back.code),
-            (413, "payload_too_large")
-        );
+        assert_eq!((back.status.as_u16(), back.code), (413, "payload_too_large"));
     }
 
     #[test]

@@ -72,9 +72,7 @@ impl MediaType {
 
     /// Parses a wire name.
     pub fn parse(s: &str) -> Option<MediaType> {
-        [MediaType::Image, MediaType::Document, MediaType::Audio]
-            .into_iter()
-            .find(|m| m.as_str() == s)
+        [MediaType::Image, MediaType::Document, MediaType::Audio].into_iter().find(|m| m.as_str() == s)
     }
 }
 

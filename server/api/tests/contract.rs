@@ -7,9 +7,7 @@
 use std::path::PathBuf;
 
 fn repo_file(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
 }
 
 #[test]
@@ -43,23 +41,15 @@ fn contract_is_openapi_303_version_100() {
     let op = &doc["paths"]["/api/send-message"]["post"];
     assert_eq!(op["operationId"], "message_send");
     assert_eq!(op["security"][0]["bearerAuth"], serde_json::json!([]));
-    for status in [
-        "400", "401", "403", "404", "415", "422", "423", "429", "500", "502",
-    ] {
+    for status in ["400", "401", "403", "404", "415", "422", "423", "429", "500", "502"] {
         assert_eq!(
-            op["responses"][status]["content"]["application/json"]["schema"]["$ref"],
-            "#/components/schemas/ErrorBody",
+            op["responses"][status]["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorBody",
             "status {status}"
         );
     }
     let request = &doc["components"]["schemas"]["SendMessageRequest"];
     assert_eq!(request["additionalProperties"], false);
-    let required: Vec<&str> = request["required"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let required: Vec<&str> = request["required"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert_eq!(required, ["instance_id", "message_purpose", "phone"]);
 }
 
@@ -78,12 +68,7 @@ fn breaking_changes(old: &serde_json::Value, new: &serde_json::Value) -> Vec<Str
                     | drift::ChangeClass::Unhandled
             )
         })
-        .map(|info| {
-            format!(
-                "{} ({:?}) at {}",
-                info.message, info.class, info.new_subpath
-            )
-        })
+        .map(|info| format!("{} ({:?}) at {}", info.message, info.class, info.new_subpath))
         .collect()
 }
 
@@ -94,8 +79,7 @@ fn released() -> serde_json::Value {
 
 #[test]
 fn contract_stays_compatible_with_released_1_0_0() {
-    let current: serde_json::Value =
-        serde_json::from_str(&gateway_api::openapi_document()).unwrap();
+    let current: serde_json::Value = serde_json::from_str(&gateway_api::openapi_document()).unwrap();
     let breaking = breaking_changes(&released(), &current);
     assert!(
         breaking.is_empty(),
@@ -111,28 +95,16 @@ fn compatibility_check_catches_breaking_changes() {
     let mut added_required = base.clone();
     let schema = &mut added_required["components"]["schemas"]["SendMessageRequest"];
     schema["properties"]["tenant"] = serde_json::json!({"type": "string"});
-    schema["required"]
-        .as_array_mut()
-        .unwrap()
-        .push("tenant".into());
+    schema["required"].as_array_mut().unwrap().push("tenant".into());
     assert!(!breaking_changes(&base, &added_required).is_empty());
     // Removing a response property breaks every 1.0.0 reader.
     let mut removed = base.clone();
     let response = &mut removed["components"]["schemas"]["SendMessageResponse"];
-    response["properties"]
-        .as_object_mut()
-        .unwrap()
-        .remove("log_id");
-    response["required"]
-        .as_array_mut()
-        .unwrap()
-        .retain(|v| v != "log_id");
+    response["properties"].as_object_mut().unwrap().remove("log_id");
+    response["required"].as_array_mut().unwrap().retain(|v| v != "log_id");
     assert!(!breaking_changes(&base, &removed).is_empty());
     // Removing the endpoint is breaking too.
     let mut gone = base.clone();
-    gone["paths"]
-        .as_object_mut()
-        .unwrap()
-        .remove("/api/send-message");
+    gone["paths"].as_object_mut().unwrap().remove("/api/send-message");
     assert!(!breaking_changes(&base, &gone).is_empty());
 }

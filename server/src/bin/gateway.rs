@@ -18,11 +18,7 @@ use serde_json::{Value, json};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(
-    name = "gateway",
-    version,
-    about = "Messaging gateway: serve and operate"
-)]
+#[command(name = "gateway", version, about = "Messaging gateway: serve and operate")]
 struct Cli {
     /// TOML configuration file (every key is optional).
     #[arg(long, global = true)]
@@ -197,8 +193,7 @@ async fn main() {
 
 async fn run() -> Result<()> {
     let cli = Cli::parse();
-    let mut config = Config::load(cli.config.as_deref(), std::env::vars())
-        .context("loading the configuration")?;
+    let mut config = Config::load(cli.config.as_deref(), std::env::vars()).context("loading the configuration")?;
     if let Some(url) = cli.database_url {
         config.database_url = url;
     }
@@ -208,9 +203,7 @@ async fn run() -> Result<()> {
         }
         return serve(config, demo).await;
     }
-    let store = Store::open(&config.database_url, 2, None)
-        .await
-        .context("opening the database")?;
+    let store = Store::open(&config.database_url, 2, None).await.context("opening the database")?;
     let out = operate(&store, &config, cli.command).await;
     store.close().await;
     println!("{}", serde_json::to_string_pretty(&out?)?);
@@ -225,79 +218,39 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<Val
         }
         Command::Demo => ops::demo(store, config).await?,
         Command::Customer { command } => match command {
-            CustomerCommand::Create {
-                name,
-                plan,
-                approve,
-            } => {
+            CustomerCommand::Create { name, plan, approve } => {
                 let plan = (plan != "none").then_some(plan);
-                ops::customer_json(
-                    &ops::create_customer(store, &name, plan.as_deref(), approve).await?,
-                )
+                ops::customer_json(&ops::create_customer(store, &name, plan.as_deref(), approve).await?)
             }
-            CustomerCommand::Modules { customer, api, pbx } => ops::customer_json(
-                &store
-                    .set_modules(&customer, on_off(api), on_off(pbx))
-                    .await?,
-            ),
-            CustomerCommand::Limits {
-                customer,
-                daily,
-                monthly,
-                instance_per_minute,
-                recipient_per_minute,
-            } => {
-                let limits = LimitOverrides {
-                    daily,
-                    monthly,
-                    instance_per_minute,
-                    recipient_per_minute,
-                };
+            CustomerCommand::Modules { customer, api, pbx } => {
+                ops::customer_json(&store.set_modules(&customer, on_off(api), on_off(pbx)).await?)
+            }
+            CustomerCommand::Limits { customer, daily, monthly, instance_per_minute, recipient_per_minute } => {
+                let limits = LimitOverrides { daily, monthly, instance_per_minute, recipient_per_minute };
                 ops::customer_json(&ops::set_limits(store, &customer, &limits).await?)
             }
             CustomerCommand::Show { id } => ops::customer_json(&store.customer(&id).await?),
         },
-        Command::Plan {
-            command:
-                PlanCommand::Assign {
-                    customer,
-                    plan,
-                    approve,
-                },
-        } => ops::customer_json(&ops::assign_plan(store, &customer, &plan, approve).await?),
+        Command::Plan { command: PlanCommand::Assign { customer, plan, approve } } => {
+            ops::customer_json(&ops::assign_plan(store, &customer, &plan, approve).await?)
+        }
         Command::Instance { command } => match command {
-            InstanceCommand::Create {
-                customer,
-                name,
-                connected,
-            } => ops::instance_json(
-                &ops::create_instance(store, config, &customer, &name, connected).await?,
-            ),
-            InstanceCommand::Pause { id, reason } => ops::instance_json(
-                &store
-                    .set_paused(&id, true, Some(reason.as_deref().unwrap_or("review")))
-                    .await?,
-            ),
-            InstanceCommand::Resume { id } => {
-                ops::instance_json(&store.set_paused(&id, false, None).await?)
+            InstanceCommand::Create { customer, name, connected } => {
+                ops::instance_json(&ops::create_instance(store, config, &customer, &name, connected).await?)
             }
+            InstanceCommand::Pause { id, reason } => {
+                ops::instance_json(&store.set_paused(&id, true, Some(reason.as_deref().unwrap_or("review"))).await?)
+            }
+            InstanceCommand::Resume { id } => ops::instance_json(&store.set_paused(&id, false, None).await?),
         },
         Command::Key { command } => match command {
-            KeyCommand::Create { customer, name } => {
-                ops::create_key(store, &customer, &name).await?
-            }
+            KeyCommand::Create { customer, name } => ops::create_key(store, &customer, &name).await?,
             KeyCommand::Revoke { key_id } => ops::key_json(&store.revoke_api_key(&key_id).await?),
         },
         Command::Suppression { command } => match command {
-            SuppressionCommand::Add {
-                customer,
-                phone,
-                reason,
-            } => {
+            SuppressionCommand::Add { customer, phone, reason } => {
                 let phone = ops::phone_arg(&phone)?;
-                store
-                    .add_suppression(&customer, &phone, &reason, "manual")
-                    .await?;
+                store.add_suppression(&customer, &phone, &reason, "manual").await?;
                 json!({"customer_id": customer, "phone": phone, "suppressed": true, "reason": reason})
             }
             SuppressionCommand::Remove { customer, phone } => {

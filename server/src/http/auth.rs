@@ -7,11 +7,7 @@ use http::HeaderMap;
 use http::header::AUTHORIZATION;
 
 fn invalid() -> ApiError {
-    ApiError::new(
-        401,
-        "invalid_api_key",
-        "a valid API key is required (Authorization: Bearer <API_KEY>)",
-    )
+    ApiError::new(401, "invalid_api_key", "a valid API key is required (Authorization: Bearer <API_KEY>)")
 }
 
 /// The key presented in `Authorization: Bearer <key>`, checked against the store.
@@ -30,15 +26,10 @@ pub async fn authenticate(store: &Store, headers: &HeaderMap) -> Result<ApiKeyRe
     if !apikey::well_formed(key) {
         return Err(invalid());
     }
-    let record = store
-        .api_key_by_hash(&apikey::hash(key))
-        .await?
-        .ok_or_else(invalid)?;
+    let record = store.api_key_by_hash(&apikey::hash(key)).await?.ok_or_else(invalid)?;
     if record.revoked_at.is_some() {
-        return Err(
-            ApiError::new(401, "revoked_api_key", "this API key has been revoked")
-                .with_detail("key_prefix", record.prefix.clone()),
-        );
+        return Err(ApiError::new(401, "revoked_api_key", "this API key has been revoked")
+            .with_detail("key_prefix", record.prefix.clone()));
     }
     Ok(record)
 }

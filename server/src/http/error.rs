@@ -10,95 +10,53 @@ impl From<SendError> for ApiError {
     fn from(e: SendError) -> ApiError {
         let code = e.code();
         match e {
-            SendError::Validation { field, reason } => {
-                ApiError::new(422, code, reason).with_detail("field", field)
-            }
-            SendError::MissingPhone => {
-                ApiError::new(422, code, "phone is required").with_detail("field", "phone")
-            }
+            SendError::Validation { field, reason } => ApiError::new(422, code, reason).with_detail("field", field),
+            SendError::MissingPhone => ApiError::new(422, code, "phone is required").with_detail("field", "phone"),
             SendError::MissingMessageText => {
-                ApiError::new(422, code, "message is required for a text send")
-                    .with_detail("field", "message")
+                ApiError::new(422, code, "message is required for a text send").with_detail("field", "message")
             }
-            SendError::PurposeRequired => ApiError::new(422, code, "message_purpose is required")
-                .with_detail("field", "message_purpose"),
-            SendError::InvalidInstance => {
-                ApiError::new(404, code, "instance not found for this customer")
+            SendError::PurposeRequired => {
+                ApiError::new(422, code, "message_purpose is required").with_detail("field", "message_purpose")
             }
+            SendError::InvalidInstance => ApiError::new(404, code, "instance not found for this customer"),
             SendError::ActivePlanRequired { plan_status } => {
                 ApiError::new(403, code, "an active plan is required to send")
                     .with_detail("plan_status", plan_status.as_str())
             }
             SendError::ModuleNotEnabled { module } => {
-                ApiError::new(403, code, format!("the {module} module is not enabled"))
-                    .with_detail("module", module)
+                ApiError::new(403, code, format!("the {module} module is not enabled")).with_detail("module", module)
             }
-            SendError::Paused { .. } => ApiError::new(
-                423,
-                code,
-                "the instance is paused for responsible-messaging review",
-            ),
-            SendError::PurposeNotAllowed { policy, reason } => {
-                ApiError::new(422, code, reason.clone())
-                    .with_detail("field", "message_purpose")
+            SendError::Paused { .. } => {
+                ApiError::new(423, code, "the instance is paused for responsible-messaging review")
+            }
+            SendError::PurposeNotAllowed { policy, reason } => ApiError::new(422, code, reason.clone())
+                .with_detail("field", "message_purpose")
+                .with_detail("policy", policy)
+                .with_detail("reason", reason)
+                .with_detail("action", "block"),
+            SendError::PolicyViolation { policy, reason, action, risk_score } => {
+                ApiError::new(403, code, "the message was refused by a responsible-messaging policy")
                     .with_detail("policy", policy)
                     .with_detail("reason", reason)
-                    .with_detail("action", "block")
+                    .with_detail("action", action)
+                    .with_detail("risk_score", risk_score)
             }
-            SendError::PolicyViolation {
-                policy,
-                reason,
-                action,
-                risk_score,
-            } => ApiError::new(
-                403,
-                code,
-                "the message was refused by a responsible-messaging policy",
-            )
-            .with_detail("policy", policy)
-            .with_detail("reason", reason)
-            .with_detail("action", action)
-            .with_detail("risk_score", risk_score),
-            SendError::Suppressed => {
-                ApiError::new(403, code, "the recipient has opted out or is suppressed")
+            SendError::Suppressed => ApiError::new(403, code, "the recipient has opted out or is suppressed"),
+            SendError::Throttled { scope, limit, retry_after_seconds } => {
+                ApiError::new(429, code, format!("too many sends a minute for this {scope}"))
+                    .with_detail("scope", scope)
+                    .with_detail("limit", limit)
+                    .with_detail("retry_after_seconds", retry_after_seconds)
             }
-            SendError::Throttled {
-                scope,
-                limit,
-                retry_after_seconds,
-            } => ApiError::new(
-                429,
-                code,
-                format!("too many sends a minute for this {scope}"),
-            )
-            .with_detail("scope", scope)
-            .with_detail("limit", limit)
-            .with_detail("retry_after_seconds", retry_after_seconds),
-            SendError::DailyLimit {
-                limit,
-                used,
-                resets_at,
-            } => limit_error(
-                ApiError::new(429, code, "the daily message limit is reached"),
-                limit,
-                used,
-                resets_at,
-            ),
-            SendError::MonthlyLimit {
-                limit,
-                used,
-                resets_at,
-            } => limit_error(
-                ApiError::new(429, code, "the monthly message limit is reached"),
-                limit,
-                used,
-                resets_at,
-            ),
-            SendError::Provider(p) => {
-                ApiError::new(502, code, "the message could not be delivered")
-                    .with_detail("reason", p.code())
-                    .with_internal(p.to_string())
+            SendError::DailyLimit { limit, used, resets_at } => {
+                limit_error(ApiError::new(429, code, "the daily message limit is reached"), limit, used, resets_at)
             }
+            SendError::MonthlyLimit { limit, used, resets_at } => {
+                limit_error(ApiError::new(429, code, "the monthly message limit is reached"), limit, used, resets_at)
+            }
+            SendError::Provider(p) => ApiError::new(502, code, "the message could not be delivered")
+                .with_detail("reason", p.code())
+                .with_internal(p.to_string()),
             SendError::Store(s) => s.into(),
         }
     }
@@ -109,10 +67,7 @@ fn limit_error(e: ApiError, limit: i64, used: i64, resets_at: i64) -> ApiError {
     let now = chrono::Utc::now();
     e.with_detail("limit", limit)
         .with_detail("used", used)
-        .with_detail(
-            "resets_at",
-            resets.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        )
+        .with_detail("resets_at", resets.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
         .with_detail("retry_after_seconds", (resets - now).num_seconds().max(1))
 }
 

@@ -32,11 +32,7 @@ pub struct AppState {
 impl AppState {
     /// State over a store and a pipeline.
     pub fn new(store: Store, sender: Sender) -> Self {
-        AppState {
-            store,
-            sender,
-            key_touched: Mutex::new(HashMap::new()),
-        }
+        AppState { store, sender, key_touched: Mutex::new(HashMap::new()) }
     }
 
     /// Writes `last_used_at` at most once a minute per key, off the request path.
@@ -44,10 +40,7 @@ impl AppState {
         let now = now_ms();
         {
             let mut touched = self.key_touched.lock().unwrap_or_else(|p| p.into_inner());
-            if touched
-                .get(key_id)
-                .is_some_and(|at| now - at < KEY_TOUCH_INTERVAL_MS)
-            {
+            if touched.get(key_id).is_some_and(|at| now - at < KEY_TOUCH_INTERVAL_MS) {
                 return;
             }
             touched.insert(key_id.to_string(), now);
@@ -74,9 +67,7 @@ impl GatewayApi for GatewayApiImpl {
         let state = rqctx.context().clone();
         let headers = rqctx.request.headers().clone();
         let log = rqctx.log.new(slog::o!("component" => "send"));
-        catch_panics(&log, send_message(state, headers, body, log.clone()))
-            .await
-            .map(HttpResponseOk)
+        catch_panics(&log, send_message(state, headers, body, log.clone())).await.map(HttpResponseOk)
     }
 }
 
@@ -94,17 +85,12 @@ async fn send_message(
         }
     };
     state.touch_key(&key.id, &log);
-    let log = log.new(
-        slog::o!("customer_id" => key.customer_id.clone(), "key_prefix" => key.prefix.clone()),
-    );
+    let log = log.new(slog::o!("customer_id" => key.customer_id.clone(), "key_prefix" => key.prefix.clone()));
     let request = match body.parse().await {
         Ok(request) => request,
         Err(e) => {
             info!(log, "send refused"; "error" => e.code);
-            state
-                .sender
-                .record_unreadable(&key.customer_id, &key.id, e.code, &e.message)
-                .await?;
+            state.sender.record_unreadable(&key.customer_id, &key.id, e.code, &e.message).await?;
             return Err(e);
         }
     };
@@ -162,10 +148,7 @@ async fn openapi_get(_rqctx: RequestContext<Arc<AppState>>) -> Result<Response<B
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
-        .header(
-            header::ETAG,
-            format!("\"{}\"", gateway_contract::openapi_sha256()),
-        )
+        .header(header::ETAG, format!("\"{}\"", gateway_contract::openapi_sha256()))
         .body(Body::from(gateway_contract::OPENAPI_JSON))
         .map_err(|e| HttpError::for_internal_error(e.to_string()))
 }
@@ -176,16 +159,13 @@ async fn root_get(_rqctx: RequestContext<Arc<AppState>>) -> Result<Response<Body
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(
-            r#"{"service":"gateway","status":"ok","contract":"/openapi.json"}"#,
-        ))
+        .body(Body::from(r#"{"service":"gateway","status":"ok","contract":"/openapi.json"}"#))
         .map_err(|e| HttpError::for_internal_error(e.to_string()))
 }
 
 /// Every route the server serves: the public API plus unpublished routes.
 pub fn api_description() -> Result<dropshot::ApiDescription<Arc<AppState>>, String> {
-    let mut api = gateway_api::gateway_api_mod::api_description::<GatewayApiImpl>()
-        .map_err(|e| e.to_string())?;
+    let mut api = gateway_api::gateway_api_mod::api_description::<GatewayApiImpl>().map_err(|e| e.to_string())?;
     api.register(openapi_get).map_err(|e| e.to_string())?;
     api.register(root_get).map_err(|e| e.to_string())?;
     Ok(api)
@@ -209,10 +189,7 @@ mod tests {
             .openapi(gateway_api::CONTRACT_TITLE, gateway_api::CONTRACT_VERSION)
             .write(&mut stub)
             .unwrap();
-        assert_eq!(
-            String::from_utf8(served).unwrap(),
-            String::from_utf8(stub).unwrap()
-        );
+        assert_eq!(String::from_utf8(served).unwrap(), String::from_utf8(stub).unwrap());
     }
 
     #[test]

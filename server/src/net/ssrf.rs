@@ -110,10 +110,9 @@ pub async fn resolve(raw: &str, allow_loopback: bool) -> Result<(Url, Vec<Socket
     let addrs: Vec<SocketAddr> = match url.host() {
         Some(Host::Ipv4(ip)) => vec![SocketAddr::new(IpAddr::V4(ip), port)],
         Some(Host::Ipv6(ip)) => vec![SocketAddr::new(IpAddr::V6(ip), port)],
-        Some(Host::Domain(name)) => tokio::net::lookup_host((name, port))
-            .await
-            .map_err(|_| SsrfError::Unresolved)?
-            .collect(),
+        Some(Host::Domain(name)) => {
+            tokio::net::lookup_host((name, port)).await.map_err(|_| SsrfError::Unresolved)?.collect()
+        }
         None => return Err(SsrfError::Invalid),
     };
     let ips: Vec<IpAddr> = addrs.iter().map(SocketAddr::ip).collect();
@@ -173,14 +172,7 @@ mod tests {
 
     #[test]
     fn public_addresses_pass() {
-        for s in [
-            "8.8.8.8",
-            "1.1.1.1",
-            "93.184.216.34",
-            "2606:4700:4700::1111",
-            "::ffff:8.8.8.8",
-            "100.128.0.1",
-        ] {
+        for s in ["8.8.8.8", "1.1.1.1", "93.184.216.34", "2606:4700:4700::1111", "::ffff:8.8.8.8", "100.128.0.1"] {
             assert!(is_public(ip(s)), "{s} must pass");
         }
     }
@@ -190,14 +182,8 @@ mod tests {
         assert!(check_addresses(&[ip("127.0.0.1")], true).is_ok());
         assert!(check_addresses(&[ip("::1")], true).is_ok());
         assert!(check_addresses(&[ip("::ffff:127.0.0.1")], true).is_ok());
-        assert_eq!(
-            check_addresses(&[ip("10.0.0.1")], true),
-            Err(SsrfError::Refused(ip("10.0.0.1")))
-        );
-        assert_eq!(
-            check_addresses(&[ip("169.254.169.254")], true),
-            Err(SsrfError::Refused(ip("169.254.169.254")))
-        );
+        assert_eq!(check_addresses(&[ip("10.0.0.1")], true), Err(SsrfError::Refused(ip("10.0.0.1"))));
+        assert_eq!(check_addresses(&[ip("169.254.169.254")], true), Err(SsrfError::Refused(ip("169.254.169.254"))));
         // One bad address among good ones refuses the whole name.
         assert!(check_addresses(&[ip("8.8.8.8"), ip("127.0.0.1")], false).is_err());
         assert_eq!(check_addresses(&[], false), Err(SsrfError::Unresolved));
@@ -205,18 +191,9 @@ mod tests {
 
     #[test]
     fn form_checks() {
-        assert_eq!(
-            check_form("http://example.com/a.png", false),
-            Err(SsrfError::NotHttps)
-        );
-        assert_eq!(
-            check_form("ftp://example.com/a.png", true),
-            Err(SsrfError::NotHttps)
-        );
-        assert_eq!(
-            check_form("https://u:p@example.com/a.png", false),
-            Err(SsrfError::Credentials)
-        );
+        assert_eq!(check_form("http://example.com/a.png", false), Err(SsrfError::NotHttps));
+        assert_eq!(check_form("ftp://example.com/a.png", true), Err(SsrfError::NotHttps));
+        assert_eq!(check_form("https://u:p@example.com/a.png", false), Err(SsrfError::Credentials));
         assert_eq!(check_form("not a url", false), Err(SsrfError::Invalid));
         assert!(check_form("https://example.com/a.png", false).is_ok());
     }

@@ -32,17 +32,8 @@ pub struct PolicyContext<'a> {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     Allow,
-    Deny {
-        policy: String,
-        code: String,
-        reason: String,
-        risk_score: u8,
-    },
-    Review {
-        policy: String,
-        reason: String,
-        risk_score: u8,
-    },
+    Deny { policy: String, code: String, reason: String, risk_score: u8 },
+    Review { policy: String, reason: String, risk_score: u8 },
 }
 
 /// Decides sends.
@@ -94,23 +85,11 @@ mod tests {
     #[test]
     fn purpose_rule_allows_the_five_and_denies_others() {
         for p in MessagePurpose::ALL {
-            assert_eq!(
-                Builtin.evaluate(&ctx(Stage::Purpose, p.as_str())),
-                Decision::Allow
-            );
+            assert_eq!(Builtin.evaluate(&ctx(Stage::Purpose, p.as_str())), Decision::Allow);
         }
         for p in ["marketing", "political", "Transactional", ""] {
-            assert!(
-                matches!(
-                    Builtin.evaluate(&ctx(Stage::Purpose, p)),
-                    Decision::Deny { .. }
-                ),
-                "{p}"
-            );
+            assert!(matches!(Builtin.evaluate(&ctx(Stage::Purpose, p)), Decision::Deny { .. }), "{p}");
         }
-        assert_eq!(
-            Builtin.evaluate(&ctx(Stage::Content, "marketing")),
-            Decision::Allow
-        );
+        assert_eq!(Builtin.evaluate(&ctx(Stage::Content, "marketing")), Decision::Allow);
     }
 }

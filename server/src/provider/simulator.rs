@@ -28,26 +28,16 @@ impl Provider for Simulator {
         message: &OutboundMessage,
     ) -> Result<ProviderReceipt, ProviderError> {
         if instance.connection_state != "open" {
-            return Err(ProviderError::NotConnected(
-                instance.connection_state.clone(),
-            ));
+            return Err(ProviderError::NotConnected(instance.connection_state.clone()));
         }
         match message.to.as_str() {
-            REFUSED_NUMBER => Err(ProviderError::Rejected(
-                "recipient refused by the simulator".to_string(),
-            )),
+            REFUSED_NUMBER => Err(ProviderError::Rejected("recipient refused by the simulator".to_string())),
             TIMEOUT_NUMBER => {
                 std::future::pending::<()>().await;
                 unreachable!("a pending future never completes")
             }
             _ => Ok(ProviderReceipt {
-                message_id: format!(
-                    "SIM{}",
-                    uuid::Uuid::new_v4()
-                        .simple()
-                        .to_string()
-                        .to_ascii_uppercase()
-                ),
+                message_id: format!("SIM{}", uuid::Uuid::new_v4().simple().to_string().to_ascii_uppercase()),
                 status: "sent".to_string(),
             }),
         }

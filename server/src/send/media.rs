@@ -48,10 +48,7 @@ pub struct MediaError {
 }
 
 fn bad(field: &'static str, reason: impl Into<String>) -> MediaError {
-    MediaError {
-        field,
-        reason: reason.into(),
-    }
+    MediaError { field, reason: reason.into() }
 }
 
 /// MIME types each media type accepts.
@@ -106,9 +103,7 @@ fn signature_matches(mime: &str, bytes: &[u8]) -> bool {
         "image/webp" => starts(b"RIFF") && bytes.get(8..12) == Some(b"WEBP"),
         "application/pdf" => starts(b"%PDF-"),
         "audio/ogg" | "audio/opus" => starts(b"OggS"),
-        "audio/mpeg" => {
-            starts(b"ID3") || (bytes.len() > 1 && bytes[0] == 0xFF && bytes[1] & 0xE0 == 0xE0)
-        }
+        "audio/mpeg" => starts(b"ID3") || (bytes.len() > 1 && bytes[0] == 0xFF && bytes[1] & 0xE0 == 0xE0),
         _ => true,
     }
 }
@@ -126,34 +121,24 @@ pub async fn validate(
     if !mime_allowed(media_type, &mime) {
         return Err(bad(
             "mime_type",
-            format!(
-                "{mime_type:?} is not an accepted MIME type for {}",
-                media_type.as_str()
-            ),
+            format!("{mime_type:?} is not an accepted MIME type for {}", media_type.as_str()),
         ));
     }
     let media = media.trim();
     let lower_start = media.get(..8).unwrap_or(media).to_ascii_lowercase();
     let source = if lower_start.starts_with("https://") || lower_start.starts_with("http://") {
-        let (url, _) = ssrf::resolve(media, allow_loopback)
-            .await
-            .map_err(|e| bad("media", e.to_string()))?;
+        let (url, _) = ssrf::resolve(media, allow_loopback).await.map_err(|e| bad("media", e.to_string()))?;
         MediaSource::Url(url.to_string())
     } else {
         let encoded = if lower_start.starts_with("data:") {
-            let (header, data) = media[5..]
-                .split_once(',')
-                .ok_or_else(|| bad("media", "malformed data URL"))?;
+            let (header, data) = media[5..].split_once(',').ok_or_else(|| bad("media", "malformed data URL"))?;
             let mut parts = header.split(';');
             let declared = parts.next().unwrap_or("").trim().to_ascii_lowercase();
             if !parts.any(|p| p.trim().eq_ignore_ascii_case("base64")) {
                 return Err(bad("media", "data URLs must be base64-encoded"));
             }
             if !declared.is_empty() && declared != mime {
-                return Err(bad(
-                    "mime_type",
-                    format!("the data URL says {declared}, mime_type says {mime}"),
-                ));
+                return Err(bad("mime_type", format!("the data URL says {declared}, mime_type says {mime}")));
             }
             data
         } else {
@@ -165,19 +150,11 @@ pub async fn validate(
         }
         MediaSource::Inline(bytes)
     };
-    Ok(Media {
-        media_type,
-        mime_type: mime,
-        file_name: file_name.to_string(),
-        source,
-    })
+    Ok(Media { media_type, mime_type: mime, file_name: file_name.to_string(), source })
 }
 
 fn decode_base64(encoded: &str, cap: usize) -> Result<Vec<u8>, MediaError> {
-    let compact: String = encoded
-        .chars()
-        .filter(|c| !c.is_ascii_whitespace())
-        .collect();
+    let compact: String = encoded.chars().filter(|c| !c.is_ascii_whitespace()).collect();
     // Refuse by length before decoding: 4 characters carry 3 bytes.
     if compact.len() / 4 * 3 > cap + 3 {
         return Err(bad("media", format!("media is larger than {cap} bytes")));
@@ -189,9 +166,7 @@ fn decode_base64(encoded: &str, cap: usize) -> Result<Vec<u8>, MediaError> {
     );
     let bytes = engine
         .decode(compact.as_bytes())
-        .or_else(|_| {
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(compact.trim_end_matches('='))
-        })
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(compact.trim_end_matches('=')))
         .map_err(|_| bad("media", "media is not valid base64"))?;
     if bytes.is_empty() {
         return Err(bad("media", "media is empty"));
@@ -219,113 +194,33 @@ mod tests {
         let m = check(MediaType::Image, "image/png", &b64).await.unwrap();
         assert_eq!(m.source, MediaSource::Inline(PNG.to_vec()));
         let data_url = format!("data:image/png;base64,{b64}");
-        assert_eq!(
-            check(MediaType::Image, "image/png", &data_url)
-                .await
-                .unwrap()
-                .size(),
-            Some(PNG.len())
-        );
+        assert_eq!(check(MediaType::Image, "image/png", &data_url).await.unwrap().size(), Some(PNG.len()));
         let pdf = STANDARD.encode(b"%PDF-1.7 ...");
-        assert!(
-            check(MediaType::Document, "application/pdf", &pdf)
-                .await
-                .is_ok()
-        );
+        assert!(check(MediaType::Document, "application/pdf", &pdf).await.is_ok());
     }
 
     #[tokio::test]
     async fn problems_name_their_field() {
         let png = STANDARD.encode(PNG);
-        assert_eq!(
-            check(MediaType::Image, "application/pdf", &png)
-                .await
-                .unwrap_err()
-                .field,
-            "mime_type"
-        );
-        assert_eq!(
-            check(MediaType::Audio, "image/png", &png)
-                .await
-                .unwrap_err()
-                .field,
-            "mime_type"
-        );
-        assert_eq!(
-            check(MediaType::Image, "image/png", "%%%not base64%%%")
-                .await
-                .unwrap_err()
-                .field,
-            "media"
-        );
-        assert_eq!(
-            check(MediaType::Image, "image/jpeg", &png)
-                .await
-                .unwrap_err()
-                .field,
-            "media"
-        );
+        assert_eq!(check(MediaType::Image, "application/pdf", &png).await.unwrap_err().field, "mime_type");
+        assert_eq!(check(MediaType::Audio, "image/png", &png).await.unwrap_err().field, "mime_type");
+        assert_eq!(check(MediaType::Image, "image/png", "%%%not base64%%%").await.unwrap_err().field, "media");
+        assert_eq!(check(MediaType::Image, "image/jpeg", &png).await.unwrap_err().field, "media");
         let mismatched_url = format!("data:image/jpeg;base64,{png}");
-        assert_eq!(
-            check(MediaType::Image, "image/png", &mismatched_url)
-                .await
-                .unwrap_err()
-                .field,
-            "mime_type"
-        );
-        assert_eq!(
-            check(MediaType::Image, "image/png", "data:image/png,raw")
-                .await
-                .unwrap_err()
-                .field,
-            "media"
-        );
-        assert_eq!(
-            check(MediaType::Image, "image/png", "http://example.com/a.png")
-                .await
-                .unwrap_err()
-                .field,
-            "media"
-        );
-        assert_eq!(
-            check(MediaType::Image, "image/png", "https://127.0.0.1/a.png")
-                .await
-                .unwrap_err()
-                .field,
-            "media"
-        );
+        assert_eq!(check(MediaType::Image, "image/png", &mismatched_url).await.unwrap_err().field, "mime_type");
+        assert_eq!(check(MediaType::Image, "image/png", "data:image/png,raw").await.unwrap_err().field, "media");
+        assert_eq!(check(MediaType::Image, "image/png", "http://example.com/a.png").await.unwrap_err().field, "media");
+        assert_eq!(check(MediaType::Image, "image/png", "https://127.0.0.1/a.png").await.unwrap_err().field, "media");
     }
 
     #[tokio::test]
     async fn size_cap_applies_to_decoded_bytes() {
-        let limits = MediaLimits {
-            max_image_bytes: 16,
-            ..MediaLimits::default()
-        };
+        let limits = MediaLimits { max_image_bytes: 16, ..MediaLimits::default() };
         let mut big = PNG.to_vec();
         big.resize(17, 0);
-        let e = validate(
-            MediaType::Image,
-            "image/png",
-            "a.png",
-            &STANDARD.encode(&big),
-            &limits,
-            false,
-        )
-        .await;
+        let e = validate(MediaType::Image, "image/png", "a.png", &STANDARD.encode(&big), &limits, false).await;
         assert!(e.unwrap_err().reason.contains("larger than 16"));
         big.truncate(16);
-        assert!(
-            validate(
-                MediaType::Image,
-                "image/png",
-                "a.png",
-                &STANDARD.encode(&big),
-                &limits,
-                false
-            )
-            .await
-            .is_ok()
-        );
+        assert!(validate(MediaType::Image, "image/png", "a.png", &STANDARD.encode(&big), &limits, false).await.is_ok());
     }
 }

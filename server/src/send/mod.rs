@@ -18,8 +18,7 @@ use crate::config::Config;
 use crate::policy::{Decision, PolicyContext, PolicyEngine, Stage};
 use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance};
 use crate::store::{
-    Customer, Instance, LimitHit, LogEntry, OutboxEvent, PlanStatus, Reservation, Store,
-    StoreError, now_ms,
+    Customer, Instance, LimitHit, LogEntry, OutboxEvent, PlanStatus, Reservation, Store, StoreError, now_ms,
 };
 use gateway_api::{MediaType, SendMessageRequest};
 use media::Media;
@@ -54,32 +53,15 @@ pub enum SendError {
     #[error("{reason}")]
     PurposeNotAllowed { policy: String, reason: String },
     #[error("{reason}")]
-    PolicyViolation {
-        policy: String,
-        reason: String,
-        action: &'static str,
-        risk_score: u8,
-    },
+    PolicyViolation { policy: String, reason: String, action: &'static str, risk_score: u8 },
     #[error("the recipient is suppressed")]
     Suppressed,
     #[error("sending too fast ({scope})")]
-    Throttled {
-        scope: &'static str,
-        limit: i64,
-        retry_after_seconds: i64,
-    },
+    Throttled { scope: &'static str, limit: i64, retry_after_seconds: i64 },
     #[error("daily message limit reached")]
-    DailyLimit {
-        limit: i64,
-        used: i64,
-        resets_at: i64,
-    },
+    DailyLimit { limit: i64, used: i64, resets_at: i64 },
     #[error("monthly message limit reached")]
-    MonthlyLimit {
-        limit: i64,
-        used: i64,
-        resets_at: i64,
-    },
+    MonthlyLimit { limit: i64, used: i64, resets_at: i64 },
     #[error("delivery failed: {0}")]
     Provider(#[from] ProviderError),
     #[error(transparent)]
@@ -112,16 +94,13 @@ impl SendError {
     /// The check that decided, as written to the message log.
     fn check(&self) -> String {
         match self {
-            SendError::PurposeNotAllowed { policy, .. }
-            | SendError::PolicyViolation { policy, .. } => policy.clone(),
+            SendError::PurposeNotAllowed { policy, .. } | SendError::PolicyViolation { policy, .. } => policy.clone(),
             SendError::Validation { .. }
             | SendError::MissingPhone
             | SendError::MissingMessageText
             | SendError::PurposeRequired => "gateway/schema".into(),
             SendError::InvalidInstance => "gateway/instance".into(),
-            SendError::ActivePlanRequired { .. } | SendError::ModuleNotEnabled { .. } => {
-                "gateway/plan".into()
-            }
+            SendError::ActivePlanRequired { .. } | SendError::ModuleNotEnabled { .. } => "gateway/plan".into(),
             SendError::Paused { .. } => "gateway/review".into(),
             SendError::Suppressed => "gateway/suppression".into(),
             SendError::Throttled { .. } => "gateway/velocity".into(),
@@ -170,9 +149,7 @@ struct Checked {
 
 impl Checked {
     fn message_type(&self) -> &'static str {
-        self.media
-            .as_ref()
-            .map_or("text", |m| m.media_type.as_str())
+        self.media.as_ref().map_or("text", |m| m.media_type.as_str())
     }
 }
 
@@ -186,28 +163,13 @@ struct Attempt<'a> {
 
 impl Sender {
     /// A pipeline over these parts.
-    pub fn new(
-        store: Store,
-        provider: Arc<dyn Provider>,
-        policy: Arc<dyn PolicyEngine>,
-        config: Arc<Config>,
-    ) -> Self {
-        Sender {
-            store,
-            provider,
-            policy,
-            config,
-        }
+    pub fn new(store: Store, provider: Arc<dyn Provider>, policy: Arc<dyn PolicyEngine>, config: Arc<Config>) -> Self {
+        Sender { store, provider, policy, config }
     }
 
     /// Runs every check, sends, and writes the attempt's log row (and event).
     pub async fn send(&self, input: &SendInput) -> Result<Sent, SendError> {
-        let mut attempt = Attempt {
-            input,
-            instance: None,
-            checked: None,
-            reservations: Vec::new(),
-        };
+        let mut attempt = Attempt { input, instance: None, checked: None, reservations: Vec::new() };
         let result = self.run(&mut attempt).await;
         let now = now_ms();
         let mut entry = LogEntry {
@@ -215,19 +177,12 @@ impl Sender {
             instance_id: attempt.instance.as_ref().map(|i| i.id.clone()),
             api_key_id: input.api_key_id.clone(),
             source: input.source.to_string(),
-            purpose: input
-                .body
-                .message_purpose
-                .as_deref()
-                .map(|p| truncate(p, 64)),
+            purpose: input.body.message_purpose.as_deref().map(|p| truncate(p, 64)),
             recipient: match &attempt.checked {
                 Some(c) => Some(c.phone.e164.clone()),
                 None => input.body.phone.as_deref().map(|p| truncate(p, 32)),
             },
-            message_type: attempt
-                .checked
-                .as_ref()
-                .map(|c| c.message_type().to_string()),
+            message_type: attempt.checked.as_ref().map(|c| c.message_type().to_string()),
             created_at: now,
             ..LogEntry::default()
         };
@@ -301,23 +256,11 @@ impl Sender {
         self.store.record_attempt(&entry, None).await.map(|_| ())
     }
 
-    async fn run(
-        &self,
-        a: &mut Attempt<'_>,
-    ) -> Result<crate::provider::ProviderReceipt, SendError> {
+    async fn run(&self, a: &mut Attempt<'_>) -> Result<crate::provider::ProviderReceipt, SendError> {
         let checked = self.check_schema(&a.input.body).await?;
         let checked = a.checked.insert(checked);
-        let context = self
-            .store
-            .send_context(
-                &a.input.customer_id,
-                &checked.instance_ref,
-                &checked.phone.e164,
-            )
-            .await?;
-        let instance = a
-            .instance
-            .insert(context.instance.ok_or(SendError::InvalidInstance)?);
+        let context = self.store.send_context(&a.input.customer_id, &checked.instance_ref, &checked.phone.e164).await?;
+        let instance = a.instance.insert(context.instance.ok_or(SendError::InvalidInstance)?);
         let customer = context.customer;
         let now = now_ms();
         let plan_status = customer.plan_status(now);
@@ -329,18 +272,10 @@ impl Sender {
             _ => customer.module_api,
         };
         if !module_on {
-            return Err(SendError::ModuleNotEnabled {
-                module: if a.input.source == "pbx" {
-                    "pbx"
-                } else {
-                    "api"
-                },
-            });
+            return Err(SendError::ModuleNotEnabled { module: if a.input.source == "pbx" { "pbx" } else { "api" } });
         }
         if instance.paused {
-            return Err(SendError::Paused {
-                reason: instance.paused_reason.clone(),
-            });
+            return Err(SendError::Paused { reason: instance.paused_reason.clone() });
         }
         let mut ctx = PolicyContext {
             stage: Stage::Purpose,
@@ -358,40 +293,17 @@ impl Sender {
                 return Err(SendError::PurposeNotAllowed { policy, reason });
             }
         }
-        if self
-            .store
-            .is_suppressed(&customer.id, &checked.phone.e164)
-            .await?
-        {
+        if self.store.is_suppressed(&customer.id, &checked.phone.e164).await? {
             return Err(SendError::Suppressed);
         }
         ctx.stage = Stage::Content;
         match self.policy.evaluate(&ctx) {
             Decision::Allow => {}
-            Decision::Deny {
-                policy,
-                reason,
-                risk_score,
-                ..
-            } => {
-                return Err(SendError::PolicyViolation {
-                    policy,
-                    reason,
-                    action: "block",
-                    risk_score,
-                });
+            Decision::Deny { policy, reason, risk_score, .. } => {
+                return Err(SendError::PolicyViolation { policy, reason, action: "block", risk_score });
             }
-            Decision::Review {
-                policy,
-                reason,
-                risk_score,
-            } => {
-                return Err(SendError::PolicyViolation {
-                    policy,
-                    reason,
-                    action: "review",
-                    risk_score,
-                });
+            Decision::Review { policy, reason, risk_score } => {
+                return Err(SendError::PolicyViolation { policy, reason, action: "review", risk_score });
             }
         }
         let reservations = self.reservations(&customer, instance, &checked.phone.e164, now);
@@ -413,9 +325,7 @@ impl Sender {
         match tokio::time::timeout(timeout, self.provider.send(&sending, &message)).await {
             Ok(Ok(receipt)) => Ok(receipt),
             Ok(Err(e)) => Err(SendError::Provider(e)),
-            Err(_) => Err(SendError::Provider(ProviderError::Timeout(
-                timeout.as_millis() as u64,
-            ))),
+            Err(_) => Err(SendError::Provider(ProviderError::Timeout(timeout.as_millis() as u64))),
         }
     }
 
@@ -424,40 +334,25 @@ impl Sender {
             .ok_or_else(|| validation("instance_id", "instance_id is required"))?
             .to_string();
         let raw_phone = non_empty(&body.phone).ok_or(SendError::MissingPhone)?;
-        let phone = phone::normalize(raw_phone).ok_or_else(|| {
-            validation(
-                "phone",
-                "phone is not a valid number in international format",
-            )
-        })?;
-        let purpose = non_empty(&body.message_purpose)
-            .ok_or(SendError::PurposeRequired)?
-            .to_string();
-        let is_media = body.media_type.is_some()
-            || body.media.is_some()
-            || body.mime_type.is_some()
-            || body.file_name.is_some();
+        let phone = phone::normalize(raw_phone)
+            .ok_or_else(|| validation("phone", "phone is not a valid number in international format"))?;
+        let purpose = non_empty(&body.message_purpose).ok_or(SendError::PurposeRequired)?.to_string();
+        let is_media =
+            body.media_type.is_some() || body.media.is_some() || body.mime_type.is_some() || body.file_name.is_some();
         let (text, media) = if is_media {
-            let media_type = non_empty(&body.media_type).ok_or_else(|| {
-                validation("media_type", "media_type is required when sending media")
-            })?;
-            let media_type = MediaType::parse(media_type).ok_or_else(|| {
-                validation("media_type", "media_type must be image, document or audio")
-            })?;
-            let mime_type = non_empty(&body.mime_type).ok_or_else(|| {
-                validation("mime_type", "mime_type is required when sending media")
-            })?;
-            let file_name = non_empty(&body.file_name).ok_or_else(|| {
-                validation("file_name", "file_name is required when sending media")
-            })?;
+            let media_type = non_empty(&body.media_type)
+                .ok_or_else(|| validation("media_type", "media_type is required when sending media"))?;
+            let media_type = MediaType::parse(media_type)
+                .ok_or_else(|| validation("media_type", "media_type must be image, document or audio"))?;
+            let mime_type = non_empty(&body.mime_type)
+                .ok_or_else(|| validation("mime_type", "mime_type is required when sending media"))?;
+            let file_name = non_empty(&body.file_name)
+                .ok_or_else(|| validation("file_name", "file_name is required when sending media"))?;
             if file_name.len() > 255 || file_name.contains(['/', '\\', '\0']) {
-                return Err(validation(
-                    "file_name",
-                    "file_name must be a plain name of at most 255 bytes",
-                ));
+                return Err(validation("file_name", "file_name must be a plain name of at most 255 bytes"));
             }
-            let content = non_empty(&body.media)
-                .ok_or_else(|| validation("media", "media is required when sending media"))?;
+            let content =
+                non_empty(&body.media).ok_or_else(|| validation("media", "media is required when sending media"))?;
             let media = media::validate(
                 media_type,
                 mime_type,
@@ -467,71 +362,34 @@ impl Sender {
                 self.config.allow_loopback_targets,
             )
             .await
-            .map_err(|e| SendError::Validation {
-                field: e.field,
-                reason: e.reason,
-            })?;
-            let caption = non_empty(&body.caption)
-                .or(non_empty(&body.message))
-                .map(str::to_string);
+            .map_err(|e| SendError::Validation { field: e.field, reason: e.reason })?;
+            let caption = non_empty(&body.caption).or(non_empty(&body.message)).map(str::to_string);
             (caption, Some(media))
         } else {
             if body.caption.is_some() {
-                return Err(validation(
-                    "caption",
-                    "caption is only for media sends; use message",
-                ));
+                return Err(validation("caption", "caption is only for media sends; use message"));
             }
-            let text = non_empty(&body.message)
-                .ok_or(SendError::MissingMessageText)?
-                .to_string();
+            let text = non_empty(&body.message).ok_or(SendError::MissingMessageText)?.to_string();
             (Some(text), None)
         };
         if let Some(text) = &text
             && text.chars().count() > MAX_TEXT_CHARS
         {
-            let field = if is_media && non_empty(&body.caption).is_some() {
-                "caption"
-            } else {
-                "message"
-            };
-            return Err(validation(
-                field,
-                format!("text is longer than {MAX_TEXT_CHARS} characters"),
-            ));
+            let field = if is_media && non_empty(&body.caption).is_some() { "caption" } else { "message" };
+            return Err(validation(field, format!("text is longer than {MAX_TEXT_CHARS} characters")));
         }
-        Ok(Checked {
-            instance_ref,
-            phone,
-            purpose,
-            text,
-            media,
-        })
+        Ok(Checked { instance_ref, phone, purpose, text, media })
     }
 
     /// Velocity (instance, recipient) and quota (day, plan period) counters of a send,
     /// in the order they are checked.
-    fn reservations(
-        &self,
-        customer: &Customer,
-        instance: &Instance,
-        to: &str,
-        now: i64,
-    ) -> Vec<Reservation> {
-        let plan = customer
-            .plan
-            .as_deref()
-            .and_then(|p| self.config.plan(p))
-            .unwrap_or(&self.config.plans.starter);
+    fn reservations(&self, customer: &Customer, instance: &Instance, to: &str, now: i64) -> Vec<Reservation> {
+        let plan = customer.plan.as_deref().and_then(|p| self.config.plan(p)).unwrap_or(&self.config.plans.starter);
         let o = &customer.overrides;
-        let per_instance = o
-            .instance_per_minute
-            .or(plan.instance_per_minute)
-            .unwrap_or(self.config.limits.instance_per_minute);
-        let per_recipient = o
-            .recipient_per_minute
-            .or(plan.recipient_per_minute)
-            .unwrap_or(self.config.limits.recipient_per_minute);
+        let per_instance =
+            o.instance_per_minute.or(plan.instance_per_minute).unwrap_or(self.config.limits.instance_per_minute);
+        let per_recipient =
+            o.recipient_per_minute.or(plan.recipient_per_minute).unwrap_or(self.config.limits.recipient_per_minute);
         let minute = now - now.rem_euclid(MINUTE_MS);
         let day = now - now.rem_euclid(DAY_MS);
         let period_start = customer.plan_period_start.unwrap_or(day);
@@ -573,9 +431,7 @@ impl Sender {
     ) -> Option<OutboxEvent> {
         let instance = a.instance.as_ref()?;
         let checked = a.checked.as_ref()?;
-        let timestamp = chrono::DateTime::from_timestamp_millis(now)
-            .unwrap_or_default()
-            .to_rfc3339();
+        let timestamp = chrono::DateTime::from_timestamp_millis(now).unwrap_or_default().to_rfc3339();
         let mut body = serde_json::Map::new();
         body.insert("event".into(), event_type.into());
         body.insert("instance_id".into(), instance.id.clone().into());
@@ -598,24 +454,12 @@ fn limit_error(reservations: &[Reservation], hit: LimitHit, now: i64) -> SendErr
     let r = &reservations[hit.index];
     match hit.index {
         0 | 1 => SendError::Throttled {
-            scope: if hit.index == 0 {
-                "instance"
-            } else {
-                "recipient"
-            },
+            scope: if hit.index == 0 { "instance" } else { "recipient" },
             limit: r.limit,
             retry_after_seconds: ((r.window_start + MINUTE_MS - now + 999) / 1000).max(1),
         },
-        2 => SendError::DailyLimit {
-            limit: r.limit,
-            used: hit.used,
-            resets_at: r.window_start + DAY_MS,
-        },
-        _ => SendError::MonthlyLimit {
-            limit: r.limit,
-            used: hit.used,
-            resets_at: r.expires_at - DAY_MS,
-        },
+        2 => SendError::DailyLimit { limit: r.limit, used: hit.used, resets_at: r.window_start + DAY_MS },
+        _ => SendError::MonthlyLimit { limit: r.limit, used: hit.used, resets_at: r.expires_at - DAY_MS },
     }
 }
 
@@ -624,10 +468,7 @@ fn non_empty(field: &Option<String>) -> Option<&str> {
 }
 
 fn validation(field: &'static str, reason: impl Into<String>) -> SendError {
-    SendError::Validation {
-        field,
-        reason: reason.into(),
-    }
+    SendError::Validation { field, reason: reason.into() }
 }
 
 fn truncate(s: &str, max: usize) -> String {

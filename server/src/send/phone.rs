@@ -13,10 +13,7 @@ pub struct Phone {
 /// Parses a number in international format. Spaces, dots, dashes and parentheses are
 /// ignored, and a leading `00` or a missing `+` is read as international.
 pub fn normalize(raw: &str) -> Option<Phone> {
-    let compact: String = raw
-        .chars()
-        .filter(|c| !matches!(c, ' ' | '-' | '.' | '(' | ')' | '\u{a0}'))
-        .collect();
+    let compact: String = raw.chars().filter(|c| !matches!(c, ' ' | '-' | '.' | '(' | ')' | '\u{a0}')).collect();
     let international = if let Some(rest) = compact.strip_prefix("00") {
         format!("+{rest}")
     } else if compact.starts_with('+') {
@@ -31,10 +28,7 @@ pub fn normalize(raw: &str) -> Option<Phone> {
     if !phonenumber::is_valid(&number) {
         return None;
     }
-    Some(Phone {
-        e164: number.format().mode(phonenumber::Mode::E164).to_string(),
-        country_code: number.code().value(),
-    })
+    Some(Phone { e164: number.format().mode(phonenumber::Mode::E164).to_string(), country_code: number.code().value() })
 }
 
 #[cfg(test)]
@@ -43,34 +37,18 @@ mod tests {
 
     #[test]
     fn international_forms_normalise_to_e164() {
-        for raw in [
-            "+14155550123",
-            "14155550123",
-            "+1 (415) 555-0123",
-            "0014155550123",
-        ] {
+        for raw in ["+14155550123", "14155550123", "+1 (415) 555-0123", "0014155550123"] {
             let p = normalize(raw).unwrap_or_else(|| panic!("{raw}"));
             assert_eq!(p.e164, "+14155550123");
             assert_eq!(p.country_code, 1);
         }
-        assert_eq!(
-            normalize("+55 11 98765-4321").unwrap().e164,
-            "+5511987654321"
-        );
+        assert_eq!(normalize("+55 11 98765-4321").unwrap().e164, "+5511987654321");
         assert_eq!(normalize("+44 20 7946 0958").unwrap().country_code, 44);
     }
 
     #[test]
     fn invalid_numbers_are_refused() {
-        for raw in [
-            "",
-            "+",
-            "hello",
-            "+1415",
-            "+999123456789",
-            "+1415555012a",
-            "+1 415 555 0123 4567 8901",
-        ] {
+        for raw in ["", "+", "hello", "+1415", "+999123456789", "+1415555012a", "+1 415 555 0123 4567 8901"] {
             assert!(normalize(raw).is_none(), "{raw}");
         }
     }

@@ -34,16 +34,9 @@ pub struct LimitHit {
 
 impl Store {
     /// Takes every reservation or none. `Ok(Err(hit))` names the first that is full.
-    pub async fn reserve(
-        &self,
-        reservations: &[Reservation],
-    ) -> Result<Result<(), LimitHit>, StoreError> {
+    pub async fn reserve(&self, reservations: &[Reservation]) -> Result<Result<(), LimitHit>, StoreError> {
         let reservations = reservations.to_vec();
-        self.write_op(|reply| WriteOp::Reserve {
-            reservations,
-            reply,
-        })
-        .await
+        self.write_op(|reply| WriteOp::Reserve { reservations, reply }).await
     }
 
     /// Gives reservations back (the send did not go out).
@@ -52,30 +45,23 @@ impl Store {
             return Ok(());
         }
         let reservations = reservations.to_vec();
-        self.write_op(|reply| WriteOp::Release {
-            reservations,
-            reply,
-        })
-        .await
+        self.write_op(|reply| WriteOp::Release { reservations, reply }).await
     }
 
     /// The value of one counter (0 when absent).
     pub async fn counter(&self, scope: &str, window_start: i64) -> Result<i64, StoreError> {
-        let row =
-            sqlx::query("SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2")
-                .bind(scope)
-                .bind(window_start)
-                .fetch_optional(&self.read)
-                .await?;
+        let row = sqlx::query("SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2")
+            .bind(scope)
+            .bind(window_start)
+            .fetch_optional(&self.read)
+            .await?;
         Ok(row.map(|r| r.try_get("count")).transpose()?.unwrap_or(0))
     }
 
     /// Deletes counters whose window is long over; returns how many.
     pub async fn prune_counters(&self) -> Result<u64, StoreError> {
-        let done = sqlx::query("DELETE FROM usage_counters WHERE expires_at < $1")
-            .bind(now_ms())
-            .execute(&self.write)
-            .await?;
+        let done =
+            sqlx::query("DELETE FROM usage_counters WHERE expires_at < $1").bind(now_ms()).execute(&self.write).await?;
         Ok(done.rows_affected())
     }
 }

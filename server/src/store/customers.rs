@@ -1,8 +1,9 @@
 //! Customers (plan, modules, limit overrides) and their instances.
 
-use super::{Store, StoreError, flag, new_id, now_ms};
+use super::{Cols, FromCols, Store, StoreError, flag, new_id, now_ms};
+use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
-use sqlx::any::AnyRow;
+use std::sync::LazyLock;
 
 /// Length of a plan period.
 pub const PLAN_PERIOD_MS: i64 = 30 * 24 * 60 * 60 * 1000;
@@ -63,23 +64,23 @@ impl Customer {
         }
     }
 
-    fn from_row(r: &AnyRow) -> Result<Customer, sqlx::Error> {
+    fn from_row(r: &impl Cols) -> Result<Customer, StoreError> {
         Ok(Customer {
-            id: r.try_get("id")?,
-            name: r.try_get("name")?,
-            plan: r.try_get("plan")?,
-            stored_status: r.try_get("plan_status")?,
-            plan_period_start: r.try_get("plan_period_start")?,
-            plan_period_end: r.try_get("plan_period_end")?,
-            module_api: flag(r.try_get("module_api")?),
-            module_pbx: flag(r.try_get("module_pbx")?),
+            id: r.col("id")?,
+            name: r.col("name")?,
+            plan: r.col("plan")?,
+            stored_status: r.col("plan_status")?,
+            plan_period_start: r.col("plan_period_start")?,
+            plan_period_end: r.col("plan_period_end")?,
+            module_api: flag(r.col("module_api")?),
+            module_pbx: flag(r.col("module_pbx")?),
             overrides: LimitOverrides {
-                daily: r.try_get("daily_limit")?,
-                monthly: r.try_get("monthly_limit")?,
-                instance_per_minute: r.try_get("instance_per_minute")?,
-                recipient_per_minute: r.try_get("recipient_per_minute")?,
+                daily: r.col("daily_limit")?,
+                monthly: r.col("monthly_limit")?,
+                instance_per_minute: r.col("instance_per_minute")?,
+                recipient_per_minute: r.col("recipient_per_minute")?,
             },
-            created_at: r.try_get("created_at")?,
+            created_at: r.col("created_at")?,
         })
     }
 }
@@ -98,22 +99,47 @@ pub struct Instance {
 }
 
 impl Instance {
-    fn from_row(r: &AnyRow) -> Result<Instance, sqlx::Error> {
+    fn from_row(r: &impl Cols) -> Result<Instance, StoreError> {
         Instance::from_prefixed_row(r, "")
     }
 
     /// Reads the instance columns named `{prefix}{column}`.
-    fn from_prefixed_row(r: &AnyRow, prefix: &str) -> Result<Instance, sqlx::Error> {
+    fn from_prefixed_row(r: &impl Cols, prefix: &str) -> Result<Instance, StoreError> {
         let col = |name: &str| format!("{prefix}{name}");
         Ok(Instance {
-            id: r.try_get(col("id").as_str())?,
-            customer_id: r.try_get(col("customer_id").as_str())?,
-            name: r.try_get(col("name").as_str())?,
-            provider: r.try_get(col("provider").as_str())?,
-            connection_state: r.try_get(col("connection_state").as_str())?,
-            paused: flag(r.try_get(col("paused").as_str())?),
-            paused_reason: r.try_get(col("paused_reason").as_str())?,
-            created_at: r.try_get(col("created_at").as_str())?,
+            id: r.col(&col("id"))?,
+            customer_id: r.col(&col("customer_id"))?,
+            name: r.col(&col("name"))?,
+            provider: r.col(&col("provider"))?,
+            connection_state: r.col(&col("connection_state"))?,
+            paused: flag(r.col(&col("paused"))?),
+            paused_reason: r.col(&col("paused_reason"))?,
+            created_at: r.col(&col("created_at"))?,
+        })
+    }
+}
+
+/// Customer, instance by id (or else name) and suppression, in one read.
+static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
+    let customer_cols: Vec<String> = CUSTOMER_COLUMNS.split(", ").map(|c| format!("c.{c}")).collect();
+    let instance_cols: Vec<String> = INSTANCE_COLUMNS.split(", ").map(|c| format!("i.{c} AS i_{c}")).collect();
+    format!(
+        "SELECT {}, {}, \
+         (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = c.id AND s.phone = $3) AS suppressed \
+         FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND (i.id = $2 OR i.name = $2) \
+         WHERE c.id = $1 ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END LIMIT 1",
+        customer_cols.join(", "),
+        instance_cols.join(", ")
+    )
+});
+
+impl FromCols for SendContext {
+    fn from_cols(row: &impl Cols) -> Result<SendContext, StoreError> {
+        let instance_id: Option<String> = row.col("i_id")?;
+        Ok(SendContext {
+            customer: Customer::from_row(row)?,
+            instance: instance_id.map(|_| Instance::from_prefixed_row(row, "i_")).transpose()?,
+            suppressed: row.col::<i64>("suppressed")? > 0,
         })
     }
 }
@@ -129,11 +155,7 @@ pub struct SendContext {
 }
 
 /// The stored status and period of a newly assigned plan.
-fn plan_columns(
-    plan: Option<&str>,
-    approve: bool,
-    now: i64,
-) -> (&'static str, Option<i64>, Option<i64>) {
+fn plan_columns(plan: Option<&str>, approve: bool, now: i64) -> (&'static str, Option<i64>, Option<i64>) {
     match plan {
         None => ("none", None, None),
         Some("scale") if !approve => ("pending_approval", None, None),
@@ -143,18 +165,12 @@ fn plan_columns(
 
 const CUSTOMER_COLUMNS: &str = "id, name, plan, plan_status, plan_period_start, plan_period_end, module_api, \
      module_pbx, daily_limit, monthly_limit, instance_per_minute, recipient_per_minute, created_at";
-const INSTANCE_COLUMNS: &str =
-    "id, customer_id, name, provider, connection_state, paused, paused_reason, created_at";
+const INSTANCE_COLUMNS: &str = "id, customer_id, name, provider, connection_state, paused, paused_reason, created_at";
 
 impl Store {
     /// Creates a customer with the `api` module on and `pbx` off. A Scale plan starts
     /// pending approval unless `approve`.
-    pub async fn create_customer(
-        &self,
-        name: &str,
-        plan: Option<&str>,
-        approve: bool,
-    ) -> Result<Customer, StoreError> {
+    pub async fn create_customer(&self, name: &str, plan: Option<&str>, approve: bool) -> Result<Customer, StoreError> {
         let now = now_ms();
         let id = new_id("cus");
         let (status, start, end) = plan_columns(plan, approve, now);
@@ -176,14 +192,12 @@ impl Store {
 
     /// One customer.
     pub async fn customer(&self, id: &str) -> Result<Customer, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {CUSTOMER_COLUMNS} FROM customers WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&self.read)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("customer {id}")))?;
-        Ok(Customer::from_row(&row)?)
+        let row = sqlx::query(&format!("SELECT {CUSTOMER_COLUMNS} FROM customers WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.read)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("customer {id}")))?;
+        Customer::from_row(&row)
     }
 
     /// The oldest customer with this name, if any.
@@ -194,16 +208,11 @@ impl Store {
         .bind(name)
         .fetch_optional(&self.read)
         .await?;
-        Ok(row.as_ref().map(Customer::from_row).transpose()?)
+        row.as_ref().map(Customer::from_row).transpose()
     }
 
     /// Turns modules on or off (None leaves one as it is).
-    pub async fn set_modules(
-        &self,
-        id: &str,
-        api: Option<bool>,
-        pbx: Option<bool>,
-    ) -> Result<Customer, StoreError> {
+    pub async fn set_modules(&self, id: &str, api: Option<bool>, pbx: Option<bool>) -> Result<Customer, StoreError> {
         let done = sqlx::query(
             "UPDATE customers SET module_api = COALESCE($2, module_api), module_pbx = COALESCE($3, module_pbx) \
              WHERE id = $1",
@@ -221,12 +230,7 @@ impl Store {
 
     /// Assigns a plan and starts a new 30-day period (Scale waits for approval unless
     /// `approve`).
-    pub async fn assign_plan(
-        &self,
-        id: &str,
-        plan: &str,
-        approve: bool,
-    ) -> Result<Customer, StoreError> {
+    pub async fn assign_plan(&self, id: &str, plan: &str, approve: bool) -> Result<Customer, StoreError> {
         let (status, start, end) = plan_columns(Some(plan), approve, now_ms());
         let done = sqlx::query(
             "UPDATE customers SET plan = $2, plan_status = $3, plan_period_start = $4, plan_period_end = $5 \
@@ -246,11 +250,7 @@ impl Store {
     }
 
     /// Sets the given limit overrides (others unchanged).
-    pub async fn set_limits(
-        &self,
-        id: &str,
-        limits: &LimitOverrides,
-    ) -> Result<Customer, StoreError> {
+    pub async fn set_limits(&self, id: &str, limits: &LimitOverrides) -> Result<Customer, StoreError> {
         let done = sqlx::query(
             "UPDATE customers SET daily_limit = COALESCE($2, daily_limit), \
              monthly_limit = COALESCE($3, monthly_limit), \
@@ -283,20 +283,17 @@ impl Store {
     ) -> Result<Instance, StoreError> {
         let mut tx = self.write.begin().await?;
         // Take the write lock first (SQLite) so the count below cannot go stale.
-        let touched = sqlx::query("UPDATE customers SET name = name WHERE id = $1")
-            .bind(customer_id)
-            .execute(&mut *tx)
-            .await?;
+        let touched =
+            sqlx::query("UPDATE customers SET name = name WHERE id = $1").bind(customer_id).execute(&mut *tx).await?;
         if touched.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("customer {customer_id}")));
         }
         if let Some(cap) = plan_cap {
-            let count: i64 =
-                sqlx::query("SELECT COUNT(*) AS n FROM instances WHERE customer_id = $1")
-                    .bind(customer_id)
-                    .fetch_one(&mut *tx)
-                    .await?
-                    .try_get("n")?;
+            let count: i64 = sqlx::query("SELECT COUNT(*) AS n FROM instances WHERE customer_id = $1")
+                .bind(customer_id)
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get("n")?;
             if count >= cap {
                 return Err(StoreError::InstanceCap { cap, count });
             }
@@ -307,9 +304,7 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
         if taken.is_some() {
-            return Err(StoreError::Conflict(format!(
-                "the customer already has an instance named {name:?}"
-            )));
+            return Err(StoreError::Conflict(format!("the customer already has an instance named {name:?}")));
         }
         let id = new_id("ins");
         sqlx::query(
@@ -330,22 +325,16 @@ impl Store {
 
     /// One instance by id.
     pub async fn instance(&self, id: &str) -> Result<Instance, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {INSTANCE_COLUMNS} FROM instances WHERE id = $1"
-        ))
-        .bind(id)
-        .fetch_optional(&self.read)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("instance {id}")))?;
-        Ok(Instance::from_row(&row)?)
+        let row = sqlx::query(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.read)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("instance {id}")))?;
+        Instance::from_row(&row)
     }
 
     /// The customer's instance with this id or, failing that, this name.
-    pub async fn find_instance(
-        &self,
-        customer_id: &str,
-        id_or_name: &str,
-    ) -> Result<Option<Instance>, StoreError> {
+    pub async fn find_instance(&self, customer_id: &str, id_or_name: &str) -> Result<Option<Instance>, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT {INSTANCE_COLUMNS} FROM instances WHERE customer_id = $1 AND (id = $2 OR name = $2) \
              ORDER BY CASE WHEN id = $2 THEN 0 ELSE 1 END LIMIT 1"
@@ -354,7 +343,7 @@ impl Store {
         .bind(id_or_name)
         .fetch_optional(&self.read)
         .await?;
-        Ok(row.as_ref().map(Instance::from_row).transpose()?)
+        row.as_ref().map(Instance::from_row).transpose()
     }
 
     /// The customer, its instance with this id (or else this name), and whether
@@ -365,52 +354,24 @@ impl Store {
         instance_ref: &str,
         phone: &str,
     ) -> Result<SendContext, StoreError> {
-        let customer_cols: Vec<String> = CUSTOMER_COLUMNS
-            .split(", ")
-            .map(|c| format!("c.{c}"))
-            .collect();
-        let instance_cols: Vec<String> = INSTANCE_COLUMNS
-            .split(", ")
-            .map(|c| format!("i.{c} AS i_{c}"))
-            .collect();
-        let row = sqlx::query(&format!(
-            "SELECT {}, {}, \
-             (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = c.id AND s.phone = $3) AS suppressed \
-             FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND (i.id = $2 OR i.name = $2) \
-             WHERE c.id = $1 ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END LIMIT 1",
-            customer_cols.join(", "),
-            instance_cols.join(", ")
-        ))
-        .bind(customer_id)
-        .bind(instance_ref)
-        .bind(phone)
-        .fetch_optional(&self.read)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("customer {customer_id}")))?;
-        let instance_id: Option<String> = row.try_get("i_id")?;
-        Ok(SendContext {
-            customer: Customer::from_row(&row)?,
-            instance: instance_id
-                .map(|_| Instance::from_prefixed_row(&row, "i_"))
-                .transpose()?,
-            suppressed: row.try_get::<i64, _>("suppressed")? > 0,
-        })
+        let params = vec![
+            SqlValue::Text(customer_id.to_string()),
+            SqlValue::Text(instance_ref.to_string()),
+            SqlValue::Text(phone.to_string()),
+        ];
+        self.read_one(&SEND_CONTEXT_SQL, params)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("customer {customer_id}")))
     }
 
     /// Pauses an instance for review, or resumes it.
-    pub async fn set_paused(
-        &self,
-        id: &str,
-        paused: bool,
-        reason: Option<&str>,
-    ) -> Result<Instance, StoreError> {
-        let done =
-            sqlx::query("UPDATE instances SET paused = $2, paused_reason = $3 WHERE id = $1")
-                .bind(id)
-                .bind(i64::from(paused))
-                .bind(if paused { reason } else { None })
-                .execute(&self.write)
-                .await?;
+    pub async fn set_paused(&self, id: &str, paused: bool, reason: Option<&str>) -> Result<Instance, StoreError> {
+        let done = sqlx::query("UPDATE instances SET paused = $2, paused_reason = $3 WHERE id = $1")
+            .bind(id)
+            .bind(i64::from(paused))
+            .bind(if paused { reason } else { None })
+            .execute(&self.write)
+            .await?;
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("instance {id}")));
         }
@@ -452,29 +413,22 @@ impl Store {
     }
 
     /// Removes a suppressed recipient; false when it was not there.
-    pub async fn remove_suppression(
-        &self,
-        customer_id: &str,
-        phone: &str,
-    ) -> Result<bool, StoreError> {
-        let done =
-            sqlx::query("DELETE FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2")
-                .bind(customer_id)
-                .bind(phone)
-                .execute(&self.write)
-                .await?;
+    pub async fn remove_suppression(&self, customer_id: &str, phone: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2")
+            .bind(customer_id)
+            .bind(phone)
+            .execute(&self.write)
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 
     /// Whether the customer has suppressed this recipient.
     pub async fn is_suppressed(&self, customer_id: &str, phone: &str) -> Result<bool, StoreError> {
-        let row = sqlx::query(
-            "SELECT 1 AS one FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2",
-        )
-        .bind(customer_id)
-        .bind(phone)
-        .fetch_optional(&self.read)
-        .await?;
+        let row = sqlx::query("SELECT 1 AS one FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2")
+            .bind(customer_id)
+            .bind(phone)
+            .fetch_optional(&self.read)
+            .await?;
         Ok(row.is_some())
     }
 }

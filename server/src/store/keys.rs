@@ -1,8 +1,7 @@
 //! API keys: stored as a SHA-256 hash plus a short visible prefix, never in clear.
 
-use super::{Store, StoreError, new_id, now_ms};
-use sqlx::Row;
-use sqlx::any::AnyRow;
+use super::{Cols, FromCols, Store, StoreError, new_id, now_ms};
+use rusqlite::types::Value as SqlValue;
 
 /// An API key as stored (without the key itself).
 #[derive(Clone, Debug)]
@@ -16,16 +15,16 @@ pub struct ApiKeyRecord {
     pub last_used_at: Option<i64>,
 }
 
-impl ApiKeyRecord {
-    fn from_row(r: &AnyRow) -> Result<ApiKeyRecord, sqlx::Error> {
+impl FromCols for ApiKeyRecord {
+    fn from_cols(r: &impl Cols) -> Result<ApiKeyRecord, StoreError> {
         Ok(ApiKeyRecord {
-            id: r.try_get("id")?,
-            customer_id: r.try_get("customer_id")?,
-            name: r.try_get("name")?,
-            prefix: r.try_get("prefix")?,
-            created_at: r.try_get("created_at")?,
-            revoked_at: r.try_get("revoked_at")?,
-            last_used_at: r.try_get("last_used_at")?,
+            id: r.col("id")?,
+            customer_id: r.col("customer_id")?,
+            name: r.col("name")?,
+            prefix: r.col("prefix")?,
+            created_at: r.col("created_at")?,
+            revoked_at: r.col("revoked_at")?,
+            last_used_at: r.col("last_used_at")?,
         })
     }
 }
@@ -58,21 +57,14 @@ impl Store {
             .bind(&id)
             .fetch_one(&self.write)
             .await?;
-        Ok(ApiKeyRecord::from_row(&row)?)
+        ApiKeyRecord::from_cols(&row)
     }
 
     /// The key with this hash, revoked or not.
-    pub async fn api_key_by_hash(
-        &self,
-        key_hash: &str,
-    ) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let row = sqlx::query(&format!(
-            "SELECT {KEY_COLUMNS} FROM api_keys WHERE key_hash = $1"
-        ))
-        .bind(key_hash)
-        .fetch_optional(&self.read)
-        .await?;
-        Ok(row.as_ref().map(ApiKeyRecord::from_row).transpose()?)
+    pub async fn api_key_by_hash(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        const SQL: &str = "SELECT id, customer_id, name, prefix, created_at, revoked_at, last_used_at \
+                           FROM api_keys WHERE key_hash = $1";
+        self.read_one(SQL, vec![SqlValue::Text(key_hash.to_string())]).await
     }
 
     /// Revokes a key (at once: every request looks the key up).
@@ -87,7 +79,7 @@ impl Store {
             .fetch_optional(&self.write)
             .await?
             .ok_or_else(|| StoreError::NotFound(format!("API key {id}")))?;
-        Ok(ApiKeyRecord::from_row(&row)?)
+        ApiKeyRecord::from_cols(&row)
     }
 
     /// Records that a key was used.

@@ -41,19 +41,10 @@ pub struct OutboxEvent {
 impl Store {
     /// Writes the log row and, in the same transaction, the event it causes.
     /// Returns the log id.
-    pub async fn record_attempt(
-        &self,
-        entry: &LogEntry,
-        event: Option<&OutboxEvent>,
-    ) -> Result<i64, StoreError> {
+    pub async fn record_attempt(&self, entry: &LogEntry, event: Option<&OutboxEvent>) -> Result<i64, StoreError> {
         let entry = Box::new(entry.clone());
         let event = event.cloned().map(Box::new);
-        self.write_op(|reply| WriteOp::Record {
-            entry,
-            event,
-            reply,
-        })
-        .await
+        self.write_op(|reply| WriteOp::Record { entry, event, reply }).await
     }
 
     /// The log row with this id, as JSON (for tests and the CLI).
@@ -85,21 +76,15 @@ impl Store {
     }
 
     /// Log rows of a customer, newest first: (id, entry).
-    pub async fn recent_log(
-        &self,
-        customer_id: &str,
-        limit: i64,
-    ) -> Result<Vec<(i64, LogEntry)>, StoreError> {
-        let ids: Vec<i64> = sqlx::query(
-            "SELECT id FROM message_log WHERE customer_id = $1 ORDER BY id DESC LIMIT $2",
-        )
-        .bind(customer_id)
-        .bind(limit)
-        .fetch_all(&self.read)
-        .await?
-        .iter()
-        .map(|r| r.try_get("id"))
-        .collect::<Result<_, _>>()?;
+    pub async fn recent_log(&self, customer_id: &str, limit: i64) -> Result<Vec<(i64, LogEntry)>, StoreError> {
+        let ids: Vec<i64> = sqlx::query("SELECT id FROM message_log WHERE customer_id = $1 ORDER BY id DESC LIMIT $2")
+            .bind(customer_id)
+            .bind(limit)
+            .fetch_all(&self.read)
+            .await?
+            .iter()
+            .map(|r| r.try_get("id"))
+            .collect::<Result<_, _>>()?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             out.push((id, self.log_entry(id).await?));
@@ -108,23 +93,15 @@ impl Store {
     }
 
     /// Events of a customer in the outbox, oldest first: (event type, payload).
-    pub async fn outbox_events(
-        &self,
-        customer_id: &str,
-    ) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT event_type, payload FROM outbox WHERE customer_id = $1 ORDER BY id",
-        )
-        .bind(customer_id)
-        .fetch_all(&self.read)
-        .await?;
+    pub async fn outbox_events(&self, customer_id: &str) -> Result<Vec<(String, serde_json::Value)>, StoreError> {
+        let rows = sqlx::query("SELECT event_type, payload FROM outbox WHERE customer_id = $1 ORDER BY id")
+            .bind(customer_id)
+            .fetch_all(&self.read)
+            .await?;
         rows.iter()
             .map(|r| {
                 let payload: String = r.try_get("payload")?;
-                Ok((
-                    r.try_get("event_type")?,
-                    serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null),
-                ))
+                Ok((r.try_get("event_type")?, serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null)))
             })
             .collect()
     }

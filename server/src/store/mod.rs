@@ -24,8 +24,11 @@ pub use customers::{Customer, Instance, LimitOverrides, PlanStatus, SendContext}
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent};
 
-use sqlx::any::{AnyPoolOptions, install_default_drivers};
-use sqlx::{AnyPool, Executor};
+use rusqlite::types::Value as SqlValue;
+use sqlx::any::{AnyPoolOptions, AnyRow, install_default_drivers};
+use sqlx::{Any, AnyPool, Executor, Row};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Which database the store runs on.
@@ -64,6 +67,83 @@ pub struct Store {
     backend: Backend,
     /// The group-commit writer of the send path (see `writer`).
     writer: tokio::sync::mpsc::Sender<writer::WriteOp>,
+    /// SQLite only: plain connections for the send path's reads (see `read_one`).
+    sqlite_readers: Option<Arc<SqliteReaders>>,
+}
+
+/// Idle read-only SQLite connections. A send path read is an indexed point lookup of a
+/// few microseconds that a WAL reader never waits for, so it runs inline on the calling
+/// task: sqlx's SQLite driver would hand each query to a worker thread and back, which
+/// costs more than the query.
+struct SqliteReaders {
+    path: PathBuf,
+    idle: Mutex<Vec<rusqlite::Connection>>,
+}
+
+impl SqliteReaders {
+    const MAX_IDLE: usize = 8;
+
+    fn with<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let conn = match idle {
+            Some(conn) => conn,
+            None => {
+                let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                let conn = rusqlite::Connection::open_with_flags(&self.path, flags)?;
+                conn.busy_timeout(Duration::from_secs(10))?;
+                conn
+            }
+        };
+        let result = f(&conn);
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < Self::MAX_IDLE {
+            idle.push(conn);
+        }
+        result
+    }
+}
+
+/// A result row of either driver, read by column name.
+pub(crate) trait Cols {
+    fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError>;
+}
+
+/// A column type both drivers decode.
+pub(crate) trait ColType: for<'r> sqlx::Decode<'r, Any> + sqlx::Type<Any> + rusqlite::types::FromSql {}
+impl<T: for<'r> sqlx::Decode<'r, Any> + sqlx::Type<Any> + rusqlite::types::FromSql> ColType for T {}
+
+impl Cols for AnyRow {
+    fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError> {
+        Ok(self.try_get(name)?)
+    }
+}
+
+impl Cols for rusqlite::Row<'_> {
+    fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError> {
+        Ok(self.get(name)?)
+    }
+}
+
+/// A record built from one result row.
+pub(crate) trait FromCols: Sized {
+    fn from_cols(row: &impl Cols) -> Result<Self, StoreError>;
+}
+
+/// Binds values to an sqlx query (one list of values serves both drivers).
+pub(crate) fn bind_all<'q>(
+    mut query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
+    values: Vec<SqlValue>,
+) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
+    for value in values {
+        query = match value {
+            SqlValue::Text(s) => query.bind(s),
+            SqlValue::Integer(n) => query.bind(n),
+            SqlValue::Null => query.bind(None::<String>),
+            SqlValue::Real(f) => query.bind(f),
+            SqlValue::Blob(b) => query.bind(b),
+        };
+    }
+    query
 }
 
 /// Current time in Unix milliseconds.
@@ -80,22 +160,14 @@ impl Store {
     /// Connects to `url` (creating a SQLite file when the URL says `mode=rwc`) and
     /// applies the migrations.
     /// `log` receives the writer's debug lines (batch sizes and times).
-    pub async fn open(
-        url: &str,
-        max_connections: u32,
-        log: Option<slog::Logger>,
-    ) -> Result<Store, StoreError> {
+    pub async fn open(url: &str, max_connections: u32, log: Option<slog::Logger>) -> Result<Store, StoreError> {
         let store = Store::connect(url, max_connections, log).await?;
         store.migrate().await?;
         Ok(store)
     }
 
     /// Connects without migrating.
-    pub async fn connect(
-        url: &str,
-        max_connections: u32,
-        log: Option<slog::Logger>,
-    ) -> Result<Store, StoreError> {
+    pub async fn connect(url: &str, max_connections: u32, log: Option<slog::Logger>) -> Result<Store, StoreError> {
         install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -108,30 +180,24 @@ impl Store {
         match backend {
             Backend::Sqlite => {
                 let options = || {
-                    AnyPoolOptions::new()
-                        .acquire_timeout(Duration::from_secs(30))
-                        .after_connect(|conn, _| {
-                            Box::pin(async move {
-                                conn.execute(
-                                    "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+                    AnyPoolOptions::new().acquire_timeout(Duration::from_secs(30)).after_connect(|conn, _| {
+                        Box::pin(async move {
+                            conn.execute(
+                                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
                                      PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON;",
-                                )
-                                .await?;
-                                Ok(())
-                            })
+                            )
+                            .await?;
+                            Ok(())
                         })
+                    })
                 };
                 let write = options().max_connections(1).connect(url).await?;
                 let read = options().max_connections(max).connect(url).await?;
-                let path = writer::sqlite_path(url)
-                    .ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
-                let writer = writer::spawn_sqlite(path, log)?;
-                Ok(Store {
-                    read,
-                    write,
-                    backend,
-                    writer,
-                })
+                let path = writer::sqlite_path(url).ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
+                let writer = writer::spawn_sqlite(path.clone(), log)?;
+                let idle = Mutex::new(Vec::new());
+                let sqlite_readers = Some(Arc::new(SqliteReaders { path, idle }));
+                Ok(Store { read, write, backend, writer, sqlite_readers })
             }
             Backend::Postgres => {
                 let pool = AnyPoolOptions::new()
@@ -140,12 +206,7 @@ impl Store {
                     .connect(url)
                     .await?;
                 let writer = writer::spawn_sqlx(pool.clone(), log);
-                Ok(Store {
-                    read: pool.clone(),
-                    write: pool,
-                    backend,
-                    writer,
-                })
+                Ok(Store { read: pool.clone(), write: pool, backend, writer, sqlite_readers: None })
             }
         }
     }
@@ -153,16 +214,8 @@ impl Store {
     /// Applies the migrations of this backend (idempotent).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self.backend {
-            Backend::Sqlite => {
-                sqlx::migrate!("./migrations/sqlite")
-                    .run(&self.write)
-                    .await?
-            }
-            Backend::Postgres => {
-                sqlx::migrate!("./migrations/postgres")
-                    .run(&self.write)
-                    .await?
-            }
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&self.write).await?,
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&self.write).await?,
         }
         Ok(())
     }
@@ -172,16 +225,26 @@ impl Store {
         self.backend
     }
 
+    /// The first row of a read on the send path, if any.
+    async fn read_one<T: FromCols>(&self, sql: &str, params: Vec<SqlValue>) -> Result<Option<T>, StoreError> {
+        if let Some(readers) = &self.sqlite_readers {
+            return readers.with(|conn| {
+                let mut stmt = conn.prepare_cached(sql)?;
+                let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
+                rows.next()?.map(T::from_cols).transpose()
+            });
+        }
+        let row = bind_all(sqlx::query(sql), params).fetch_optional(&self.read).await?;
+        row.as_ref().map(T::from_cols).transpose()
+    }
+
     /// Queues a write for the group-commit writer and waits for its result.
     async fn write_op<T>(
         &self,
         op: impl FnOnce(tokio::sync::oneshot::Sender<Result<T, StoreError>>) -> writer::WriteOp,
     ) -> Result<T, StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.writer
-            .send(op(reply))
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        self.writer.send(op(reply)).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 

@@ -19,9 +19,9 @@
 //! costs one handoff per batch instead. On PostgreSQL the writer is a task on sqlx's
 //! async driver. Both run the same SQL text.
 
-use super::StoreError;
 use super::counters::{LimitHit, Reservation};
 use super::messages::{LogEntry, OutboxEvent};
+use super::{StoreError, bind_all};
 use rusqlite::types::Value as SqlValue;
 use sqlx::{Any, AnyPool, Row, Transaction};
 use std::path::PathBuf;
@@ -34,19 +34,9 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// One write of the send path.
 pub(super) enum WriteOp {
-    Reserve {
-        reservations: Vec<Reservation>,
-        reply: Reply<Result<(), LimitHit>>,
-    },
-    Release {
-        reservations: Vec<Reservation>,
-        reply: Reply<()>,
-    },
-    Record {
-        entry: Box<LogEntry>,
-        event: Option<Box<OutboxEvent>>,
-        reply: Reply<i64>,
-    },
+    Reserve { reservations: Vec<Reservation>, reply: Reply<Result<(), LimitHit>> },
+    Release { reservations: Vec<Reservation>, reply: Reply<()> },
+    Record { entry: Box<LogEntry>, event: Option<Box<OutboxEvent>>, reply: Reply<i64> },
 }
 
 /// The result of one write, held until the batch commits.
@@ -56,7 +46,8 @@ enum Done {
     Record(i64),
 }
 
-const RELEASE_SQL: &str = "UPDATE usage_counters SET count = count - 1 WHERE scope = $1 AND window_start = $2 AND count > 0";
+const RELEASE_SQL: &str =
+    "UPDATE usage_counters SET count = count - 1 WHERE scope = $1 AND window_start = $2 AND count > 0";
 const COUNT_SQL: &str = "SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2";
 const INSERT_LOG_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
      recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at) \
@@ -66,17 +57,8 @@ const INSERT_OUTBOX_SQL: &str = "INSERT INTO outbox (customer_id, instance_id, e
 
 /// One conditional upsert for `n` counters; returns the scopes it took.
 fn reserve_sql(n: usize) -> String {
-    let values: Vec<String> = (0..n)
-        .map(|i| {
-            format!(
-                "(${}, ${}, 1, ${}, ${})",
-                4 * i + 1,
-                4 * i + 2,
-                4 * i + 3,
-                4 * i + 4
-            )
-        })
-        .collect();
+    let values: Vec<String> =
+        (0..n).map(|i| format!("(${}, ${}, 1, ${}, ${})", 4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 4)).collect();
     format!(
         "INSERT INTO usage_counters (scope, window_start, count, expires_at, lim) VALUES {} \
          ON CONFLICT (scope, window_start) DO UPDATE SET count = usage_counters.count + 1, lim = excluded.lim \
@@ -90,17 +72,8 @@ fn first_full(rs: &[Reservation], taken: &[String]) -> Option<(usize, Vec<Reserv
     if taken.len() == rs.len() {
         return None;
     }
-    let index = rs
-        .iter()
-        .position(|r| !taken.contains(&r.scope))
-        .unwrap_or(0);
-    Some((
-        index,
-        rs.iter()
-            .filter(|r| taken.contains(&r.scope))
-            .cloned()
-            .collect(),
-    ))
+    let index = rs.iter().position(|r| !taken.contains(&r.scope)).unwrap_or(0);
+    Some((index, rs.iter().filter(|r| taken.contains(&r.scope)).cloned().collect()))
 }
 
 fn log_values(e: &LogEntry) -> Vec<SqlValue> {
@@ -165,18 +138,13 @@ fn log_batch(log: &Option<slog::Logger>, writes: usize, ok: bool, started: std::
 
 /// The file of a `sqlite:` URL.
 pub(super) fn sqlite_path(url: &str) -> Option<PathBuf> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
     let path = rest.split('?').next().unwrap_or_default();
     (!path.is_empty() && !path.starts_with(":memory:")).then(|| PathBuf::from(path))
 }
 
 /// Starts the SQLite writer thread on the database file `path`.
-pub(super) fn spawn_sqlite(
-    path: PathBuf,
-    log: Option<slog::Logger>,
-) -> Result<mpsc::Sender<WriteOp>, StoreError> {
+pub(super) fn spawn_sqlite(path: PathBuf, log: Option<slog::Logger>) -> Result<mpsc::Sender<WriteOp>, StoreError> {
     let mut conn = rusqlite::Connection::open(&path)?;
     conn.execute_batch(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 10000; \
@@ -194,14 +162,10 @@ pub(super) fn spawn_sqlite(
                 let outcome = sqlite_batch(&mut conn, &batch);
                 log_batch(&log, batch.len(), outcome.is_ok(), started);
                 match outcome {
-                    Ok(results) => batch
-                        .drain(..)
-                        .zip(results)
-                        .for_each(|(op, done)| answer(op, Ok(done))),
+                    Ok(results) => batch.drain(..).zip(results).for_each(|(op, done)| answer(op, Ok(done))),
                     Err(_) => {
                         for op in batch.drain(..) {
-                            let result = sqlite_batch(&mut conn, std::slice::from_ref(&op))
-                                .map(|mut r| r.remove(0));
+                            let result = sqlite_batch(&mut conn, std::slice::from_ref(&op)).map(|mut r| r.remove(0));
                             answer(op, result);
                         }
                     }
@@ -212,17 +176,12 @@ pub(super) fn spawn_sqlite(
     Ok(tx)
 }
 
-fn sqlite_batch(
-    conn: &mut rusqlite::Connection,
-    batch: &[WriteOp],
-) -> Result<Vec<Done>, StoreError> {
+fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &[WriteOp]) -> Result<Vec<Done>, StoreError> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let mut results = Vec::with_capacity(batch.len());
     for op in batch {
         results.push(match op {
-            WriteOp::Reserve { reservations, .. } => {
-                Done::Reserve(sqlite_reserve(&tx, reservations)?)
-            }
+            WriteOp::Reserve { reservations, .. } => Done::Reserve(sqlite_reserve(&tx, reservations)?),
             WriteOp::Release { reservations, .. } => {
                 sqlite_release(&tx, reservations)?;
                 Done::Release
@@ -230,12 +189,9 @@ fn sqlite_batch(
             WriteOp::Record { entry, event, .. } => {
                 let id: i64 = tx
                     .prepare_cached(INSERT_LOG_SQL)?
-                    .query_row(rusqlite::params_from_iter(log_values(entry)), |row| {
-                        row.get(0)
-                    })?;
+                    .query_row(rusqlite::params_from_iter(log_values(entry)), |row| row.get(0))?;
                 if let Some(event) = event {
-                    tx.prepare_cached(INSERT_OUTBOX_SQL)?
-                        .execute(rusqlite::params_from_iter(outbox_values(event)))?;
+                    tx.prepare_cached(INSERT_OUTBOX_SQL)?.execute(rusqlite::params_from_iter(outbox_values(event)))?;
                 }
                 Done::Record(id)
             }
@@ -245,10 +201,7 @@ fn sqlite_batch(
     Ok(results)
 }
 
-fn sqlite_reserve(
-    tx: &rusqlite::Transaction<'_>,
-    rs: &[Reservation],
-) -> Result<Result<(), LimitHit>, StoreError> {
+fn sqlite_reserve(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<Result<(), LimitHit>, StoreError> {
     if rs.is_empty() {
         return Ok(Ok(()));
     }
@@ -264,31 +217,23 @@ fn sqlite_reserve(
         })
         .collect();
     let mut stmt = tx.prepare_cached(&reserve_sql(rs.len()))?;
-    let taken: Vec<String> = stmt
-        .query_map(rusqlite::params_from_iter(params), |row| row.get(0))?
-        .collect::<Result<_, _>>()?;
+    let taken: Vec<String> =
+        stmt.query_map(rusqlite::params_from_iter(params), |row| row.get(0))?.collect::<Result<_, _>>()?;
     let Some((index, undo)) = first_full(rs, &taken) else {
         return Ok(Ok(()));
     };
     sqlite_release(tx, &undo)?;
     let used: Option<i64> = tx
         .prepare_cached(COUNT_SQL)?
-        .query_map(
-            rusqlite::params![rs[index].scope, rs[index].window_start],
-            |row| row.get(0),
-        )?
+        .query_map(rusqlite::params![rs[index].scope, rs[index].window_start], |row| row.get(0))?
         .next()
         .transpose()?;
-    Ok(Err(LimitHit {
-        index,
-        used: used.unwrap_or(rs[index].limit),
-    }))
+    Ok(Err(LimitHit { index, used: used.unwrap_or(rs[index].limit) }))
 }
 
 fn sqlite_release(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<(), StoreError> {
     for r in rs {
-        tx.prepare_cached(RELEASE_SQL)?
-            .execute(rusqlite::params![r.scope, r.window_start])?;
+        tx.prepare_cached(RELEASE_SQL)?.execute(rusqlite::params![r.scope, r.window_start])?;
     }
     Ok(())
 }
@@ -305,15 +250,10 @@ pub(super) fn spawn_sqlx(pool: AnyPool, log: Option<slog::Logger>) -> mpsc::Send
             let outcome = sqlx_batch(&pool, &batch).await;
             log_batch(&log, batch.len(), outcome.is_ok(), started);
             match outcome {
-                Ok(results) => batch
-                    .drain(..)
-                    .zip(results)
-                    .for_each(|(op, done)| answer(op, Ok(done))),
+                Ok(results) => batch.drain(..).zip(results).for_each(|(op, done)| answer(op, Ok(done))),
                 Err(_) => {
                     for op in batch.drain(..) {
-                        let result = sqlx_batch(&pool, std::slice::from_ref(&op))
-                            .await
-                            .map(|mut r| r.remove(0));
+                        let result = sqlx_batch(&pool, std::slice::from_ref(&op)).await.map(|mut r| r.remove(0));
                         answer(op, result);
                     }
                 }
@@ -328,44 +268,29 @@ async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, Stor
     let mut results = Vec::with_capacity(batch.len());
     for op in batch {
         results.push(match op {
-            WriteOp::Reserve { reservations, .. } => {
-                Done::Reserve(sqlx_reserve(&mut tx, reservations).await?)
-            }
+            WriteOp::Reserve { reservations, .. } => Done::Reserve(sqlx_reserve(&mut tx, reservations).await?),
             WriteOp::Release { reservations, .. } => {
                 sqlx_release(&mut tx, reservations).await?;
                 Done::Release
             }
-            WriteOp::Record { entry, event, .. } => {
-                Done::Record(sqlx_record(&mut tx, entry, event.as_deref()).await?)
-            }
+            WriteOp::Record { entry, event, .. } => Done::Record(sqlx_record(&mut tx, entry, event.as_deref()).await?),
         });
     }
     tx.commit().await?;
     Ok(results)
 }
 
-async fn sqlx_reserve(
-    tx: &mut Transaction<'_, Any>,
-    rs: &[Reservation],
-) -> Result<Result<(), LimitHit>, StoreError> {
+async fn sqlx_reserve(tx: &mut Transaction<'_, Any>, rs: &[Reservation]) -> Result<Result<(), LimitHit>, StoreError> {
     if rs.is_empty() {
         return Ok(Ok(()));
     }
     let sql = reserve_sql(rs.len());
     let mut query = sqlx::query(&sql);
     for r in rs {
-        query = query
-            .bind(&r.scope)
-            .bind(r.window_start)
-            .bind(r.expires_at)
-            .bind(r.limit);
+        query = query.bind(&r.scope).bind(r.window_start).bind(r.expires_at).bind(r.limit);
     }
-    let taken: Vec<String> = query
-        .fetch_all(&mut **tx)
-        .await?
-        .iter()
-        .map(|row| row.try_get("scope"))
-        .collect::<Result<_, _>>()?;
+    let taken: Vec<String> =
+        query.fetch_all(&mut **tx).await?.iter().map(|row| row.try_get("scope")).collect::<Result<_, _>>()?;
     let Some((index, undo)) = first_full(rs, &taken) else {
         return Ok(Ok(()));
     };
@@ -377,38 +302,14 @@ async fn sqlx_reserve(
         .await?
         .map(|row| row.try_get("count"))
         .transpose()?;
-    Ok(Err(LimitHit {
-        index,
-        used: used.unwrap_or(rs[index].limit),
-    }))
+    Ok(Err(LimitHit { index, used: used.unwrap_or(rs[index].limit) }))
 }
 
 async fn sqlx_release(tx: &mut Transaction<'_, Any>, rs: &[Reservation]) -> Result<(), StoreError> {
     for r in rs {
-        sqlx::query(RELEASE_SQL)
-            .bind(&r.scope)
-            .bind(r.window_start)
-            .execute(&mut **tx)
-            .await?;
+        sqlx::query(RELEASE_SQL).bind(&r.scope).bind(r.window_start).execute(&mut **tx).await?;
     }
     Ok(())
-}
-
-/// Binds SQLite-style values to an sqlx query (one list of values for both writers).
-fn bind_all<'q>(
-    mut query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
-    values: Vec<SqlValue>,
-) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
-    for value in values {
-        query = match value {
-            SqlValue::Text(s) => query.bind(s),
-            SqlValue::Integer(n) => query.bind(n),
-            SqlValue::Null => query.bind(None::<String>),
-            SqlValue::Real(f) => query.bind(f),
-            SqlValue::Blob(b) => query.bind(b),
-        };
-    }
-    query
 }
 
 async fn sqlx_record(
@@ -416,14 +317,9 @@ async fn sqlx_record(
     entry: &LogEntry,
     event: Option<&OutboxEvent>,
 ) -> Result<i64, StoreError> {
-    let id: i64 = bind_all(sqlx::query(INSERT_LOG_SQL), log_values(entry))
-        .fetch_one(&mut **tx)
-        .await?
-        .try_get("id")?;
+    let id: i64 = bind_all(sqlx::query(INSERT_LOG_SQL), log_values(entry)).fetch_one(&mut **tx).await?.try_get("id")?;
     if let Some(event) = event {
-        bind_all(sqlx::query(INSERT_OUTBOX_SQL), outbox_values(event))
-            .execute(&mut **tx)
-            .await?;
+        bind_all(sqlx::query(INSERT_OUTBOX_SQL), outbox_values(event)).execute(&mut **tx).await?;
     }
     Ok(id)
 }
@@ -434,14 +330,8 @@ mod tests {
 
     #[test]
     fn sqlite_urls_name_their_file() {
-        assert_eq!(
-            sqlite_path("sqlite://gateway.db?mode=rwc"),
-            Some(PathBuf::from("gateway.db"))
-        );
-        assert_eq!(
-            sqlite_path("sqlite:///tmp/x/g.db?mode=rwc"),
-            Some(PathBuf::from("/tmp/x/g.db"))
-        );
+        assert_eq!(sqlite_path("sqlite://gateway.db?mode=rwc"), Some(PathBuf::from("gateway.db")));
+        assert_eq!(sqlite_path("sqlite:///tmp/x/g.db?mode=rwc"), Some(PathBuf::from("/tmp/x/g.db")));
         assert_eq!(sqlite_path("sqlite:g.db"), Some(PathBuf::from("g.db")));
         assert_eq!(sqlite_path("sqlite::memory:"), None);
         assert_eq!(sqlite_path("postgres://x/y"), None);
@@ -449,12 +339,7 @@ mod tests {
 
     #[test]
     fn first_full_reservation_is_named_and_the_others_undone() {
-        let r = |scope: &str| Reservation {
-            scope: scope.into(),
-            window_start: 0,
-            expires_at: 1,
-            limit: 1,
-        };
+        let r = |scope: &str| Reservation { scope: scope.into(), window_start: 0, expires_at: 1, limit: 1 };
         let rs = vec![r("a"), r("b"), r("c")];
         assert!(first_full(&rs, &["a".into(), "b".into(), "c".into()]).is_none());
         let (index, undo) = first_full(&rs, &["a".into(), "c".into()]).unwrap();
