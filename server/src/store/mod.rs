@@ -129,6 +129,20 @@ pub(crate) trait FromCols: Sized {
     fn from_cols(row: &impl Cols) -> Result<Self, StoreError>;
 }
 
+/// Binds `values[i]` to `$i+1` by name. SQLite numbers `$n` parameters in the order
+/// they first appear in the text, not by `n`, so positional binding would be wrong for
+/// a query that mentions `$3` before `$1`.
+pub(crate) fn bind_dollar(stmt: &mut rusqlite::Statement<'_>, values: &[SqlValue]) -> Result<(), StoreError> {
+    for (i, value) in values.iter().enumerate() {
+        let name = format!("${}", i + 1);
+        let index = stmt
+            .parameter_index(&name)?
+            .ok_or_else(|| StoreError::Conflict(format!("query has no parameter {name}")))?;
+        stmt.raw_bind_parameter(index, value)?;
+    }
+    Ok(())
+}
+
 /// Binds values to an sqlx query (one list of values serves both drivers).
 pub(crate) fn bind_all<'q>(
     mut query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
@@ -230,7 +244,8 @@ impl Store {
         if let Some(readers) = &self.sqlite_readers {
             return readers.with(|conn| {
                 let mut stmt = conn.prepare_cached(sql)?;
-                let mut rows = stmt.query(rusqlite::params_from_iter(params))?;
+                bind_dollar(&mut stmt, &params)?;
+                let mut rows = stmt.raw_query();
                 rows.next()?.map(T::from_cols).transpose()
             });
         }
@@ -258,4 +273,20 @@ impl Store {
 /// Reads a 0/1 flag.
 fn flag(n: i64) -> bool {
     n != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dollar_parameters_bind_by_number_not_by_position_in_the_text() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let mut stmt = conn.prepare("SELECT $3 AS c, $1 AS a, $2 AS b").unwrap();
+        bind_dollar(&mut stmt, &[SqlValue::Integer(1), SqlValue::Integer(2), SqlValue::Integer(3)]).unwrap();
+        let mut rows = stmt.raw_query();
+        let row = rows.next().unwrap().unwrap();
+        let got: (i64, i64, i64) = (row.get("a").unwrap(), row.get("b").unwrap(), row.get("c").unwrap());
+        assert_eq!(got, (1, 2, 3));
+    }
 }

@@ -21,7 +21,7 @@
 
 use super::counters::{LimitHit, Reservation};
 use super::messages::{LogEntry, OutboxEvent};
-use super::{StoreError, bind_all};
+use super::{StoreError, bind_all, bind_dollar};
 use rusqlite::types::Value as SqlValue;
 use sqlx::{Any, AnyPool, Row, Transaction};
 use std::path::PathBuf;
@@ -187,11 +187,13 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &[WriteOp]) -> Result<Ve
                 Done::Release
             }
             WriteOp::Record { entry, event, .. } => {
-                let id: i64 = tx
-                    .prepare_cached(INSERT_LOG_SQL)?
-                    .query_row(rusqlite::params_from_iter(log_values(entry)), |row| row.get(0))?;
+                let mut insert = tx.prepare_cached(INSERT_LOG_SQL)?;
+                bind_dollar(&mut insert, &log_values(entry))?;
+                let id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
                 if let Some(event) = event {
-                    tx.prepare_cached(INSERT_OUTBOX_SQL)?.execute(rusqlite::params_from_iter(outbox_values(event)))?;
+                    let mut insert = tx.prepare_cached(INSERT_OUTBOX_SQL)?;
+                    bind_dollar(&mut insert, &outbox_values(event))?;
+                    insert.raw_execute()?;
                 }
                 Done::Record(id)
             }
@@ -217,8 +219,14 @@ fn sqlite_reserve(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<
         })
         .collect();
     let mut stmt = tx.prepare_cached(&reserve_sql(rs.len()))?;
-    let taken: Vec<String> =
-        stmt.query_map(rusqlite::params_from_iter(params), |row| row.get(0))?.collect::<Result<_, _>>()?;
+    bind_dollar(&mut stmt, &params)?;
+    let mut taken = Vec::with_capacity(rs.len());
+    let mut rows = stmt.raw_query();
+    while let Some(row) = rows.next()? {
+        taken.push(row.get::<_, String>(0)?);
+    }
+    drop(rows);
+    drop(stmt);
     let Some((index, undo)) = first_full(rs, &taken) else {
         return Ok(Ok(()));
     };
