@@ -293,7 +293,7 @@ impl Sender {
                 return Err(SendError::PurposeNotAllowed { policy, reason });
             }
         }
-        if self.store.is_suppressed(&customer.id, &checked.phone.e164).await? {
+        if context.suppressed {
             return Err(SendError::Suppressed);
         }
         ctx.stage = Stage::Content;

@@ -421,14 +421,4 @@ impl Store {
             .await?;
         Ok(done.rows_affected() > 0)
     }
-
-    /// Whether the customer has suppressed this recipient.
-    pub async fn is_suppressed(&self, customer_id: &str, phone: &str) -> Result<bool, StoreError> {
-        let row = sqlx::query("SELECT 1 AS one FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2")
-            .bind(customer_id)
-            .bind(phone)
-            .fetch_optional(&self.read)
-            .await?;
-        Ok(row.is_some())
-    }
 }
