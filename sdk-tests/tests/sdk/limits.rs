@@ -90,6 +90,11 @@ async fn monthly_quota_is_the_plan_period() {
     let customer = cx.store().customer(&cx.tenant.customer_id).await.unwrap();
     let end = chrono::DateTime::from_timestamp_millis(customer.plan_period_end.unwrap()).unwrap();
     assert_eq!(e.details["resets_at"], end.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    // The refused send took the day's counter before the month's was found full; that
+    // increment is undone, so the day still counts exactly the three sent.
+    let now = gateway_server::store::now_ms();
+    let day = now - now.rem_euclid(86_400_000);
+    assert_eq!(cx.store().counter(&format!("day:{}", cx.tenant.customer_id), day).await.unwrap(), 3);
     cx.teardown().await;
 }
 

@@ -16,14 +16,16 @@
 //! SQLite driver runs each statement on a worker thread and hands it over twice; under
 //! load those handoffs were 60 % of the gateway's CPU (measured with perf, see
 //! BENCHMARKS.md) while SQLite itself was 2 %. One thread that does a whole batch
-//! costs one handoff per batch instead. On PostgreSQL the writer is a task on sqlx's
-//! async driver. Both run the same SQL text.
+//! costs one handoff per batch instead. On PostgreSQL the writer is a task that sends
+//! the whole batch as one call of the `gateway_write_batch` function (migration 0002):
+//! one round trip and one commit per batch, where a statement per write cost a round
+//! trip each and kept the writer busy (measured in BENCHMARKS.md).
 
 use super::counters::{LimitHit, Reservation};
 use super::messages::{LogEntry, OutboxEvent};
-use super::{StoreError, bind_all, bind_dollar};
+use super::{StoreError, bind_dollar};
 use rusqlite::types::Value as SqlValue;
-use sqlx::{Any, AnyPool, Row, Transaction};
+use sqlx::{AnyPool, Row};
 use std::path::PathBuf;
 use tokio::sync::{mpsc, oneshot};
 
@@ -271,65 +273,71 @@ pub(super) fn spawn_sqlx(pool: AnyPool, log: Option<slog::Logger>) -> mpsc::Send
     tx
 }
 
+/// Runs a batch on PostgreSQL: one call of `gateway_write_batch` (migration 0002),
+/// which applies the writes in order in the statement's own transaction.
 async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, StoreError> {
-    let mut tx = pool.begin().await?;
-    let mut results = Vec::with_capacity(batch.len());
-    for op in batch {
-        results.push(match op {
-            WriteOp::Reserve { reservations, .. } => Done::Reserve(sqlx_reserve(&mut tx, reservations).await?),
-            WriteOp::Release { reservations, .. } => {
-                sqlx_release(&mut tx, reservations).await?;
-                Done::Release
-            }
-            WriteOp::Record { entry, event, .. } => Done::Record(sqlx_record(&mut tx, entry, event.as_deref()).await?),
-        });
+    let ops: Vec<serde_json::Value> = batch.iter().map(op_json).collect();
+    let row = sqlx::query("SELECT gateway_write_batch($1::jsonb)::text AS r")
+        .bind(serde_json::Value::Array(ops).to_string())
+        .fetch_one(pool)
+        .await?;
+    let text: String = row.try_get("r")?;
+    let results: Vec<serde_json::Value> =
+        serde_json::from_str(&text).map_err(|e| StoreError::Conflict(format!("write batch answer: {e}")))?;
+    if results.len() != batch.len() {
+        return Err(StoreError::Conflict("write batch answered a different number of writes".into()));
     }
-    tx.commit().await?;
-    Ok(results)
+    batch.iter().zip(results).map(|(op, r)| done_from_json(op, &r)).collect()
 }
 
-async fn sqlx_reserve(tx: &mut Transaction<'_, Any>, rs: &[Reservation]) -> Result<Result<(), LimitHit>, StoreError> {
-    if rs.is_empty() {
-        return Ok(Ok(()));
-    }
-    let sql = reserve_sql(rs.len());
-    let mut query = sqlx::query(&sql);
-    for r in rs {
-        query = query.bind(&r.scope).bind(r.window_start).bind(r.expires_at).bind(r.limit);
-    }
-    let taken: Vec<String> =
-        query.fetch_all(&mut **tx).await?.iter().map(|row| row.try_get("scope")).collect::<Result<_, _>>()?;
-    let Some((index, undo)) = first_full(rs, &taken) else {
-        return Ok(Ok(()));
-    };
-    sqlx_release(tx, &undo).await?;
-    let used: Option<i64> = sqlx::query(COUNT_SQL)
-        .bind(&rs[index].scope)
-        .bind(rs[index].window_start)
-        .fetch_optional(&mut **tx)
-        .await?
-        .map(|row| row.try_get("count"))
-        .transpose()?;
-    Ok(Err(LimitHit { index, used: used.unwrap_or(rs[index].limit) }))
+fn reservations_json(rs: &[Reservation]) -> serde_json::Value {
+    rs.iter()
+        .map(|r| {
+            serde_json::json!({"scope": r.scope, "window_start": r.window_start,
+                               "expires_at": r.expires_at, "limit": r.limit})
+        })
+        .collect()
 }
 
-async fn sqlx_release(tx: &mut Transaction<'_, Any>, rs: &[Reservation]) -> Result<(), StoreError> {
-    for r in rs {
-        sqlx::query(RELEASE_SQL).bind(&r.scope).bind(r.window_start).execute(&mut **tx).await?;
+fn op_json(op: &WriteOp) -> serde_json::Value {
+    match op {
+        WriteOp::Reserve { reservations, .. } => {
+            serde_json::json!({"op": "reserve", "r": reservations_json(reservations)})
+        }
+        WriteOp::Release { reservations, .. } => {
+            serde_json::json!({"op": "release", "r": reservations_json(reservations)})
+        }
+        WriteOp::Record { entry, event, .. } => {
+            let e = entry;
+            let log = serde_json::json!({
+                "customer_id": e.customer_id, "instance_id": e.instance_id, "api_key_id": e.api_key_id,
+                "source": e.source, "purpose": e.purpose, "recipient": e.recipient,
+                "message_type": e.message_type, "decision": e.decision, "error_code": e.error_code,
+                "policy": e.policy, "reason": e.reason, "provider_message_id": e.provider_message_id,
+                "status": e.status, "created_at": e.created_at,
+            });
+            let event = event.as_ref().map(|v| {
+                serde_json::json!({
+                    "customer_id": v.customer_id, "instance_id": v.instance_id, "event_type": v.event_type,
+                    "payload": v.payload.to_string(), "created_at": v.created_at,
+                })
+            });
+            serde_json::json!({"op": "record", "log": log, "event": event})
+        }
     }
-    Ok(())
 }
 
-async fn sqlx_record(
-    tx: &mut Transaction<'_, Any>,
-    entry: &LogEntry,
-    event: Option<&OutboxEvent>,
-) -> Result<i64, StoreError> {
-    let id: i64 = bind_all(sqlx::query(INSERT_LOG_SQL), log_values(entry)).fetch_one(&mut **tx).await?.try_get("id")?;
-    if let Some(event) = event {
-        bind_all(sqlx::query(INSERT_OUTBOX_SQL), outbox_values(event)).execute(&mut **tx).await?;
-    }
-    Ok(id)
+fn done_from_json(op: &WriteOp, r: &serde_json::Value) -> Result<Done, StoreError> {
+    let bad = || StoreError::Conflict(format!("unexpected write batch answer {r}"));
+    Ok(match op {
+        WriteOp::Reserve { .. } if r["ok"] == true => Done::Reserve(Ok(())),
+        WriteOp::Reserve { .. } => Done::Reserve(Err(LimitHit {
+            index: r["index"].as_u64().ok_or_else(bad)? as usize,
+            used: r["used"].as_i64().ok_or_else(bad)?,
+        })),
+        WriteOp::Release { .. } => Done::Release,
+        WriteOp::Record { .. } => Done::Record(r["id"].as_i64().ok_or_else(bad)?),
+    })
 }
 
 #[cfg(test)]
