@@ -6,6 +6,7 @@ mod contract;
 mod errors;
 mod limits;
 mod sending;
+mod store;
 
 use gateway_client::types::{ErrorBody, MessagePurpose, SendMessageRequest, SendMessageResponse};
 use gateway_client::{Error, ErrorExt};

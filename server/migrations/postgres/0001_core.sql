@@ -59,7 +59,7 @@ CREATE TABLE message_log (
     purpose             TEXT,
     recipient           TEXT,
     message_type        TEXT,
-    decision            TEXT NOT NULL,                -- allowed | refused
+    decision            TEXT NOT NULL CHECK (decision IN ('allowed', 'refused')),
     error_code          TEXT,
     policy              TEXT,
     reason              TEXT,

@@ -474,3 +474,60 @@ fn validation(field: &'static str, reason: impl Into<String>) -> SendError {
 fn truncate(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn sender(dir: &tempfile::TempDir) -> Sender {
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let store = Store::open(&url, 1, None).await.unwrap();
+        let config = Arc::new(Config::default());
+        Sender::new(store, Arc::new(crate::provider::Simulator), Arc::new(crate::policy::Builtin), config)
+    }
+
+    fn media_body(caption: Option<&str>, message: Option<&str>) -> SendMessageRequest {
+        SendMessageRequest {
+            instance_id: Some("main".into()),
+            phone: Some("+14155550123".into()),
+            message_purpose: Some("support".into()),
+            message: message.map(str::to_string),
+            caption: caption.map(str::to_string),
+            media_type: Some("document".into()),
+            mime_type: Some("application/pdf".into()),
+            file_name: Some("a.pdf".into()),
+            media: Some("JVBERi0xLjcK".into()), // "%PDF-1.7\n"
+        }
+    }
+
+    #[tokio::test]
+    async fn caption_overrides_message_as_the_media_caption() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sender(&dir).await;
+        let both = s.check_schema(&media_body(Some("Invoice 42"), Some("fallback"))).await.unwrap();
+        assert_eq!(both.text.as_deref(), Some("Invoice 42"));
+        let message_only = s.check_schema(&media_body(None, Some("fallback"))).await.unwrap();
+        assert_eq!(message_only.text.as_deref(), Some("fallback"));
+        let neither = s.check_schema(&media_body(None, None)).await.unwrap();
+        assert_eq!(neither.text, None);
+        assert_eq!(neither.message_type(), "document");
+    }
+
+    #[tokio::test]
+    async fn text_is_capped_and_caption_needs_media() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = sender(&dir).await;
+        let mut body = SendMessageRequest {
+            instance_id: Some("main".into()),
+            phone: Some("+14155550123".into()),
+            message_purpose: Some("support".into()),
+            message: Some("x".repeat(MAX_TEXT_CHARS + 1)),
+            ..SendMessageRequest::default()
+        };
+        assert!(matches!(s.check_schema(&body).await, Err(SendError::Validation { field: "message", .. })));
+        body.message = Some("x".repeat(MAX_TEXT_CHARS));
+        assert!(s.check_schema(&body).await.is_ok());
+        body.caption = Some("c".into());
+        assert!(matches!(s.check_schema(&body).await, Err(SendError::Validation { field: "caption", .. })));
+    }
+}

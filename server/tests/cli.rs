@@ -1,0 +1,117 @@
+//! The `gateway` binary as an operator uses it: every command prints JSON on stdout,
+//! creates print the new record's id, and the plan's instance cap applies.
+
+use serde_json::Value;
+use std::process::Command;
+
+struct Cli {
+    _dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Cli {
+    fn new() -> Cli {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("cli.db").display());
+        Cli { _dir: dir, url }
+    }
+
+    /// Runs `gateway --database-url URL args...`; returns (success, stdout JSON or stderr JSON).
+    fn run(&self, args: &[&str]) -> (bool, Value) {
+        let out = Command::new(env!("CARGO_BIN_EXE_gateway"))
+            .arg("--database-url")
+            .arg(&self.url)
+            .args(args)
+            .env_remove("GATEWAY_DATABASE_URL")
+            .output()
+            .expect("gateway runs");
+        let text = if out.status.success() { out.stdout } else { out.stderr };
+        let text = String::from_utf8(text).unwrap();
+        let json =
+            serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}): {text}"));
+        (out.status.success(), json)
+    }
+
+    fn ok(&self, args: &[&str]) -> Value {
+        let (ok, json) = self.run(args);
+        assert!(ok, "{args:?} failed: {json}");
+        json
+    }
+}
+
+#[test]
+fn operator_commands_print_json_and_ids() {
+    let cli = Cli::new();
+    assert_eq!(cli.ok(&["migrate"])["migrated"], true);
+    let customer = cli.ok(&["customer", "create", "--name", "Acme", "--plan", "starter"]);
+    let id = customer["id"].as_str().unwrap();
+    assert!(id.starts_with("cus_"));
+    assert_eq!(customer["plan_status"], "active");
+    let instance = cli.ok(&["instance", "create", "--customer", id, "--name", "front-desk", "--connected"]);
+    assert!(instance["id"].as_str().unwrap().starts_with("ins_"));
+    assert_eq!(instance["connection_state"], "open");
+    let paused = cli.ok(&["instance", "pause", instance["id"].as_str().unwrap(), "--reason", "complaints"]);
+    assert_eq!((paused["paused"].as_bool(), paused["paused_reason"].as_str()), (Some(true), Some("complaints")));
+    let resumed = cli.ok(&["instance", "resume", instance["id"].as_str().unwrap()]);
+    assert_eq!(resumed["paused"], false);
+    let key = cli.ok(&["key", "create", "--customer", id, "--name", "ci"]);
+    assert!(key["api_key"].as_str().unwrap().starts_with("gw_live_"));
+    assert!(key["id"].as_str().unwrap().starts_with("key_"));
+    let revoked = cli.ok(&["key", "revoke", key["id"].as_str().unwrap()]);
+    assert_eq!(revoked["revoked"], true);
+    assert!(revoked.get("api_key").is_none(), "a key is never shown twice");
+    let modules = cli.ok(&["customer", "modules", "--customer", id, "--pbx", "on", "--api", "off"]);
+    assert_eq!(modules["modules"], serde_json::json!({"api": false, "pbx": true}));
+    let limits = cli.ok(&["customer", "limits", "--customer", id, "--daily", "500", "--recipient-per-minute", "9"]);
+    assert_eq!(limits["limit_overrides"]["daily"], 500);
+    assert_eq!(limits["limit_overrides"]["recipient_per_minute"], 9);
+    assert_eq!(limits["limit_overrides"]["monthly"], Value::Null);
+    let added = cli.ok(&["suppression", "add", "--customer", id, "--phone", "+1 415 555 0123", "--reason", "asked"]);
+    assert_eq!(added["phone"], "+14155550123");
+    let removed = cli.ok(&["suppression", "remove", "--customer", id, "--phone", "+14155550123"]);
+    assert_eq!(removed["removed"], true);
+    let (ok, err) = cli.run(&["suppression", "add", "--customer", id, "--phone", "not a phone"]);
+    assert!(!ok && err["error"].as_str().unwrap().contains("not a valid number"));
+}
+
+#[test]
+fn instance_cap_applies_while_the_plan_is_active() {
+    let cli = Cli::new();
+    let starter = cli.ok(&["customer", "create", "--name", "Small", "--plan", "starter"]);
+    let id = starter["id"].as_str().unwrap();
+    cli.ok(&["instance", "create", "--customer", id, "--name", "one"]);
+    let (ok, err) = cli.run(&["instance", "create", "--customer", id, "--name", "two"]);
+    assert!(!ok, "Starter allows one instance");
+    assert!(err["error"].as_str().unwrap().contains("allows 1 instance"), "{err}");
+    // Names are unique per customer.
+    let scale = cli.ok(&["customer", "create", "--name", "Big", "--plan", "scale"]);
+    let big = scale["id"].as_str().unwrap();
+    assert_eq!(scale["plan_status"], "pending_approval");
+    // Pending approval: instances may be created ahead of approval, beyond any cap.
+    for name in ["a", "b"] {
+        cli.ok(&["instance", "create", "--customer", big, "--name", name]);
+    }
+    let (ok, _) = cli.run(&["instance", "create", "--customer", big, "--name", "a"]);
+    assert!(!ok, "a second instance named a");
+    let approved = cli.ok(&["plan", "assign", "--customer", big, "--plan", "scale", "--approve"]);
+    assert_eq!(approved["plan_status"], "active");
+    // No plan at all: the same.
+    let none = cli.ok(&["customer", "create", "--name", "Later"]);
+    assert_eq!(none["plan_status"], "none");
+    for name in ["x", "y"] {
+        cli.ok(&["instance", "create", "--customer", none["id"].as_str().unwrap(), "--name", name]);
+    }
+}
+
+#[test]
+fn demo_is_idempotent_and_prints_a_working_tenant() {
+    let cli = Cli::new();
+    let first = cli.ok(&["demo"]);
+    let second = cli.ok(&["demo"]);
+    assert_eq!(first["customer_id"], second["customer_id"]);
+    assert_eq!(first["instance_id"], second["instance_id"]);
+    assert_eq!(first["instance_name"], "demo");
+    assert_ne!(first["api_key"], second["api_key"], "each run prints a new key");
+    let customer = cli.ok(&["customer", "show", first["customer_id"].as_str().unwrap()]);
+    assert_eq!((customer["plan"].as_str(), customer["plan_status"].as_str()), (Some("starter"), Some("active")));
+}
