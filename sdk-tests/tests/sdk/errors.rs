@@ -215,6 +215,7 @@ async fn purpose_outside_the_allowed_set_is_422_message_purpose_not_allowed() {
         let r = expect_raw(cx.send_json(&b).await, 422, "message_purpose_not_allowed");
         assert_eq!(r["details"]["policy"], "builtin/purpose@1.0.0");
         assert_eq!(r["details"]["action"], "block");
+        assert_eq!(r["details"]["risk_score"], 100);
     }
     cx.teardown().await;
 }

@@ -29,7 +29,8 @@ impl From<SendError> for ApiError {
             SendError::Paused { .. } => {
                 ApiError::new(423, code, "the instance is paused for responsible-messaging review")
             }
-            SendError::PurposeNotAllowed { policy, reason } => ApiError::new(422, code, reason.clone())
+            SendError::PurposeNotAllowed { policy, reason, risk_score } => ApiError::new(422, code, reason.clone())
+                .with_detail("risk_score", risk_score)
                 .with_detail("field", "message_purpose")
                 .with_detail("policy", policy)
                 .with_detail("reason", reason)

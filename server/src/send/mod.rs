@@ -51,7 +51,7 @@ pub enum SendError {
     #[error("the instance is paused for responsible-messaging review")]
     Paused { reason: Option<String> },
     #[error("{reason}")]
-    PurposeNotAllowed { policy: String, reason: String },
+    PurposeNotAllowed { policy: String, reason: String, risk_score: u8 },
     #[error("{reason}")]
     PolicyViolation { policy: String, reason: String, action: &'static str, risk_score: u8 },
     #[error("the recipient is suppressed")]
@@ -289,8 +289,8 @@ impl Sender {
         };
         match self.policy.evaluate(&ctx) {
             Decision::Allow => {}
-            Decision::Deny { policy, reason, .. } | Decision::Review { policy, reason, .. } => {
-                return Err(SendError::PurposeNotAllowed { policy, reason });
+            Decision::Deny { policy, reason, risk_score, .. } | Decision::Review { policy, reason, risk_score } => {
+                return Err(SendError::PurposeNotAllowed { policy, reason, risk_score });
             }
         }
         if context.suppressed {
