@@ -203,10 +203,9 @@ impl Sender {
                 })
             }
             Err(SendError::Provider(error)) => {
-                if let Err(e) = self.store.release(&attempt.reservations).await {
-                    // The counters stay one higher: conservative, never over the limit.
-                    return Err(e.into());
-                }
+                // If the counters cannot be given back they stay one higher: conservative,
+                // never over the limit. The attempt is recorded either way.
+                let released = self.store.release(&attempt.reservations).await;
                 entry.decision = "allowed".into();
                 entry.status = "failed".into();
                 entry.error_code = Some("gateway_send_failed".into());
@@ -216,6 +215,7 @@ impl Sender {
                     body.insert("error".into(), error.code().into());
                 });
                 self.store.record_attempt(&entry, event.as_ref()).await?;
+                released?;
                 Err(SendError::Provider(error))
             }
             Err(error) => {
