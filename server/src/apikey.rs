@@ -80,3 +80,27 @@ mod tests {
         assert!(!well_formed(""));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// CRC32 catches every single-character change (a burst of at most 8 bits).
+        #[test]
+        fn every_single_character_change_is_caught(pos in 8usize..57, with in "[0-9A-Za-z]") {
+            let key = generate().plaintext;
+            let mut changed = key.clone().into_bytes();
+            changed[pos] = with.as_bytes()[0];
+            prop_assume!(changed != key.as_bytes());
+            prop_assert!(!well_formed(std::str::from_utf8(&changed).unwrap()));
+        }
+
+        /// Arbitrary text never panics the format check and is almost never accepted.
+        #[test]
+        fn arbitrary_text_is_refused(text in "\\PC{0,80}") {
+            prop_assert!(!well_formed(&text));
+        }
+    }
+}

@@ -231,3 +231,49 @@ mod tests {
         assert!(parse_json::<Probe>(b" {\"a\":\"x\"} \n").is_ok());
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::SendMessageRequest;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the bytes, the parser answers (never panics) with the contract's
+        /// statuses: a value, 400 `invalid_json` or 422 `validation_error`.
+        #[test]
+        fn any_bytes_get_a_contract_answer(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            match parse_json::<SendMessageRequest>(&bytes) {
+                Ok(_) => {}
+                Err(e) => prop_assert!(matches!((e.status.as_u16(), e.code), (400, "invalid_json") | (422, "validation_error")), "{e:?}"),
+            }
+        }
+
+        /// Any object of known text fields parses to exactly those fields.
+        #[test]
+        fn known_text_fields_round_trip(phone in ".{0,40}", message in ".{0,200}", purpose in "[a-z_]{0,20}") {
+            let body = serde_json::json!({"instance_id": "main", "phone": phone, "message": message, "message_purpose": purpose});
+            let parsed = parse_json::<SendMessageRequest>(body.to_string().as_bytes()).unwrap();
+            prop_assert_eq!(parsed.phone.as_deref(), Some(phone.as_str()));
+            prop_assert_eq!(parsed.message.as_deref(), Some(message.as_str()));
+            prop_assert_eq!(parsed.message_purpose.as_deref(), Some(purpose.as_str()));
+        }
+
+        /// Anything but whitespace after a valid body is 400, never accepted.
+        #[test]
+        fn trailing_bytes_are_refused(tail in "[^ \t\r\n]{1,10}") {
+            let body = format!("{{\"phone\":\"+14155550123\"}}{tail}");
+            let e = parse_json::<SendMessageRequest>(body.as_bytes()).unwrap_err();
+            prop_assert_eq!((e.status.as_u16(), e.code), (400, "invalid_json"));
+        }
+
+        /// An unknown property is always named in `details.field`.
+        #[test]
+        fn unknown_properties_are_named(name in "[a-z]{1,12}_x") {
+            let body = format!("{{\"{name}\": 1}}");
+            let e = parse_json::<SendMessageRequest>(body.as_bytes()).unwrap_err();
+            prop_assert_eq!(e.code, "validation_error");
+            prop_assert_eq!(e.details["field"].as_str(), Some(name.as_str()));
+        }
+    }
+}

@@ -236,3 +236,33 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// An IPv4 address and its IPv4-mapped IPv6 form are classified alike.
+        #[test]
+        fn mapped_addresses_are_classified_like_ipv4(octets in any::<[u8; 4]>()) {
+            let v4 = Ipv4Addr::from(octets);
+            prop_assert_eq!(is_public(IpAddr::V4(v4)), is_public(IpAddr::V6(v4.to_ipv6_mapped())));
+        }
+
+        /// Every address of the private, loopback, link-local and CGNAT ranges is refused.
+        #[test]
+        fn internal_ranges_are_refused(b in any::<u8>(), c in any::<u8>(), d in any::<u8>()) {
+            for ip in [
+                Ipv4Addr::new(10, b, c, d),
+                Ipv4Addr::new(127, b, c, d),
+                Ipv4Addr::new(169, 254, c, d),
+                Ipv4Addr::new(172, 16 + b % 16, c, d),
+                Ipv4Addr::new(192, 168, c, d),
+                Ipv4Addr::new(100, 64 + b % 64, c, d),
+            ] {
+                prop_assert!(!is_public(IpAddr::V4(ip)), "{}", ip);
+            }
+        }
+    }
+}

@@ -59,3 +59,34 @@ mod tests {
         assert_eq!(normalize("+15005550002").unwrap().e164, "+15005550002");
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any text: no panic; a result is E.164 and normalising it again changes nothing.
+        #[test]
+        fn normalised_numbers_are_e164_and_stable(raw in prop_oneof!["\\PC{0,30}", "\\+?[1-9][0-9]{7,14}"]) {
+            if let Some(p) = normalize(&raw) {
+                prop_assert!(p.e164.starts_with('+'));
+                prop_assert!(p.e164[1..].bytes().all(|b| b.is_ascii_digit()));
+                prop_assert!(p.e164.len() <= 16);
+                prop_assert_eq!(normalize(&p.e164), Some(p));
+            }
+        }
+
+        /// Separators a person types do not change the number.
+        #[test]
+        fn separators_do_not_matter(seps in proptest::collection::vec(prop_oneof![Just(""), Just(" "), Just("-"), Just(".")], 11)) {
+            let digits = "14155550123";
+            let mut typed = String::from("+");
+            for (d, s) in digits.chars().zip(&seps) {
+                typed.push(d);
+                typed.push_str(s);
+            }
+            prop_assert_eq!(normalize(&typed).map(|p| p.e164), Some("+14155550123".to_string()));
+        }
+    }
+}
