@@ -50,11 +50,8 @@ impl Store {
 
     /// The value of one counter (0 when absent).
     pub async fn counter(&self, scope: &str, window_start: i64) -> Result<i64, StoreError> {
-        let row = sqlx::query("SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2")
-            .bind(scope)
-            .bind(window_start)
-            .fetch_optional(&self.read)
-            .await?;
+        let row =
+            sqlx::query(super::writer::COUNT_SQL).bind(scope).bind(window_start).fetch_optional(&self.read).await?;
         Ok(row.map(|r| r.try_get("count")).transpose()?.unwrap_or(0))
     }
 

@@ -1,7 +1,7 @@
 //! The message log (one row per send attempt) and the event outbox.
 
 use super::writer::WriteOp;
-use super::{Store, StoreError};
+use super::{Cols, FromCols, Store, StoreError};
 use sqlx::Row;
 
 /// One send attempt, allowed or refused.
@@ -38,6 +38,30 @@ pub struct OutboxEvent {
     pub created_at: i64,
 }
 
+const LOG_COLUMNS: &str = "customer_id, instance_id, api_key_id, source, purpose, recipient, message_type, \
+     decision, error_code, policy, reason, provider_message_id, status, created_at";
+
+impl FromCols for LogEntry {
+    fn from_cols(r: &impl Cols) -> Result<LogEntry, StoreError> {
+        Ok(LogEntry {
+            customer_id: r.col("customer_id")?,
+            instance_id: r.col("instance_id")?,
+            api_key_id: r.col("api_key_id")?,
+            source: r.col("source")?,
+            purpose: r.col("purpose")?,
+            recipient: r.col("recipient")?,
+            message_type: r.col("message_type")?,
+            decision: r.col("decision")?,
+            error_code: r.col("error_code")?,
+            policy: r.col("policy")?,
+            reason: r.col("reason")?,
+            provider_message_id: r.col("provider_message_id")?,
+            status: r.col("status")?,
+            created_at: r.col("created_at")?,
+        })
+    }
+}
+
 impl Store {
     /// Writes the log row and, in the same transaction, the event it causes.
     /// Returns the log id.
@@ -47,49 +71,20 @@ impl Store {
         self.write_op(|reply| WriteOp::Record { entry, event, reply }).await
     }
 
-    /// The log row with this id, as JSON (for tests and the CLI).
+    /// The log row with this id.
     pub async fn log_entry(&self, id: i64) -> Result<LogEntry, StoreError> {
-        let r = sqlx::query(
-            "SELECT customer_id, instance_id, api_key_id, source, purpose, recipient, message_type, decision, \
-             error_code, policy, reason, provider_message_id, status, created_at FROM message_log WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.read)
-        .await?
-        .ok_or_else(|| StoreError::NotFound(format!("message log {id}")))?;
-        Ok(LogEntry {
-            customer_id: r.try_get("customer_id")?,
-            instance_id: r.try_get("instance_id")?,
-            api_key_id: r.try_get("api_key_id")?,
-            source: r.try_get("source")?,
-            purpose: r.try_get("purpose")?,
-            recipient: r.try_get("recipient")?,
-            message_type: r.try_get("message_type")?,
-            decision: r.try_get("decision")?,
-            error_code: r.try_get("error_code")?,
-            policy: r.try_get("policy")?,
-            reason: r.try_get("reason")?,
-            provider_message_id: r.try_get("provider_message_id")?,
-            status: r.try_get("status")?,
-            created_at: r.try_get("created_at")?,
-        })
+        let sql = format!("SELECT {LOG_COLUMNS} FROM message_log WHERE id = $1");
+        let row = sqlx::query(&sql).bind(id).fetch_optional(&self.read).await?;
+        row.map(|r| LogEntry::from_cols(&r))
+            .transpose()?
+            .ok_or_else(|| StoreError::NotFound(format!("message log {id}")))
     }
 
-    /// Log rows of a customer, newest first: (id, entry).
+    /// Log rows of a customer, newest first: (id, entry), in one query.
     pub async fn recent_log(&self, customer_id: &str, limit: i64) -> Result<Vec<(i64, LogEntry)>, StoreError> {
-        let ids: Vec<i64> = sqlx::query("SELECT id FROM message_log WHERE customer_id = $1 ORDER BY id DESC LIMIT $2")
-            .bind(customer_id)
-            .bind(limit)
-            .fetch_all(&self.read)
-            .await?
-            .iter()
-            .map(|r| r.try_get("id"))
-            .collect::<Result<_, _>>()?;
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            out.push((id, self.log_entry(id).await?));
-        }
-        Ok(out)
+        let sql = format!("SELECT id, {LOG_COLUMNS} FROM message_log WHERE customer_id = $1 ORDER BY id DESC LIMIT $2");
+        let rows = sqlx::query(&sql).bind(customer_id).bind(limit).fetch_all(&self.read).await?;
+        rows.iter().map(|r| Ok((r.col("id")?, LogEntry::from_cols(r)?))).collect()
     }
 
     /// Events of a customer in the outbox, oldest first: (event type, payload).
@@ -101,7 +96,9 @@ impl Store {
         rows.iter()
             .map(|r| {
                 let payload: String = r.try_get("payload")?;
-                Ok((r.try_get("event_type")?, serde_json::from_str(&payload).unwrap_or(serde_json::Value::Null)))
+                let payload = serde_json::from_str(&payload)
+                    .map_err(|e| StoreError::Conflict(format!("outbox payload is not JSON: {e}")))?;
+                Ok((r.try_get("event_type")?, payload))
             })
             .collect()
     }
