@@ -20,10 +20,15 @@ pub struct NewKey {
     pub hash: String,
 }
 
+/// `n` random base62 characters from the operating system's generator.
+pub fn random_base62(n: usize) -> String {
+    let mut rng = rand::rngs::OsRng;
+    (0..n).map(|_| BASE62[rng.gen_range(0..62)] as char).collect()
+}
+
 /// Generates a new key.
 pub fn generate() -> NewKey {
-    let mut rng = rand::rngs::OsRng;
-    let body: String = (0..BODY_LEN).map(|_| BASE62[rng.gen_range(0..62)] as char).collect();
+    let body = random_base62(BODY_LEN);
     let plaintext = format!("{PREFIX}{body}{}", checksum(&body));
     NewKey { prefix: plaintext[..VISIBLE].to_string(), hash: hash(&plaintext), plaintext }
 }

@@ -47,6 +47,29 @@ pub struct Config {
     pub plans: Plans,
     /// Media size caps, in bytes of decoded content.
     pub media: MediaLimits,
+    /// PBX webhook defaults (each integration may override the rate and cooldown).
+    pub pbx: PbxSettings,
+}
+
+/// Defaults of the PBX webhook (DESIGN.md: 60 a minute with a burst of 20; a 15-minute
+/// cooldown per integration, event type and phone).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PbxSettings {
+    /// Sustained requests a minute per integration.
+    pub rate_per_minute: i64,
+    /// Requests an idle integration may send at once.
+    pub burst: i64,
+    /// Minutes during which a caller is not messaged again for the same event type.
+    pub cooldown_minutes: i64,
+    /// Days the received-event log is kept.
+    pub event_retention_days: i64,
+}
+
+impl Default for PbxSettings {
+    fn default() -> Self {
+        PbxSettings { rate_per_minute: 60, burst: 20, cooldown_minutes: 15, event_retention_days: 30 }
+    }
 }
 
 /// Sends a minute per instance and per (instance, recipient), per plan unless a
@@ -109,6 +132,7 @@ impl Default for Config {
             limits: VelocityLimits::default(),
             plans: Plans::default(),
             media: MediaLimits::default(),
+            pbx: PbxSettings::default(),
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod http;
 pub mod net;
 pub mod ops;
+pub mod pbx;
 pub mod policy;
 pub mod provider;
 pub mod send;
@@ -112,7 +113,7 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     let store_log = log.new(slog::o!("component" => "store"));
     let store = Store::open(&config.database_url, config.database_max_connections, Some(store_log)).await?;
     let sender = send::Sender::new(store.clone(), parts.provider, parts.policy, config.clone());
-    let state = Arc::new(http::AppState::new(store.clone(), sender));
+    let state = Arc::new(http::AppState::new(store.clone(), sender, config.clone()));
     let api = http::api_description().map_err(StartError::Api)?;
     let dropshot_config = ConfigDropshot {
         bind_address: config.listen,
@@ -124,14 +125,16 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         .config(dropshot_config)
         .start()
         .map_err(|e| StartError::Http(e.to_string()))?;
-    let workers = vec![spawn_counter_pruner(store.clone(), log.new(slog::o!("component" => "store")))];
+    let retention_ms = config.pbx.event_retention_days.max(1) * 24 * 3_600_000;
+    let workers = vec![spawn_pruner(store.clone(), retention_ms, log.new(slog::o!("component" => "store")))];
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
           "provider" => &config.provider);
     Ok(RunningServer { http, store, workers, log })
 }
 
-/// Deletes limit counters whose window is over, every ten minutes.
-fn spawn_counter_pruner(store: Store, log: Logger) -> JoinHandle<()> {
+/// Every ten minutes deletes limit counters whose window is over, and expired PBX
+/// signatures, cooldowns, rate limiters and events past their retention.
+fn spawn_pruner(store: Store, pbx_retention_ms: i64, log: Logger) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(600));
         loop {
@@ -140,6 +143,11 @@ fn spawn_counter_pruner(store: Store, log: Logger) -> JoinHandle<()> {
                 Ok(n) if n > 0 => info!(log, "pruned limit counters"; "rows" => n),
                 Ok(_) => {}
                 Err(e) => warn!(log, "pruning limit counters failed"; "error" => %e),
+            }
+            match store.prune_pbx(pbx_retention_ms).await {
+                Ok(n) if n > 0 => info!(log, "pruned PBX rows"; "rows" => n),
+                Ok(_) => {}
+                Err(e) => warn!(log, "pruning PBX rows failed"; "error" => %e),
             }
         }
     })

@@ -3,8 +3,13 @@
 
 use crate::apikey;
 use crate::config::Config;
+use crate::pbx;
 use crate::send::phone;
-use crate::store::{ApiKeyRecord, Customer, Instance, LimitOverrides, PlanStatus, Store, StoreError, now_ms};
+use crate::store::{
+    ApiKeyRecord, Customer, Instance, LimitOverrides, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate,
+    PlanStatus, Store, StoreError, now_ms,
+};
+use gateway_api::{MessagePurpose, PbxEventType};
 use serde_json::{Value, json};
 
 /// An operator action that could not be done.
@@ -164,4 +169,119 @@ pub async fn demo(store: &Store, config: &Config) -> Result<Value, OpsError> {
         "api_key_id": key["id"],
         "api_key": key["api_key"],
     }))
+}
+
+/// An integration as printed (never its secrets; see [`create_pbx`]).
+pub fn pbx_json(p: &PbxIntegration, templates: &[PbxTemplate], config: &Config) -> Value {
+    json!({
+        "integration_id": p.id,
+        "customer_id": p.customer_id,
+        "instance_id": p.instance_id,
+        "webhook_path": format!("/integrations/pbx/webhook/{}", p.id),
+        "secret_prefix": p.secret_prefix,
+        "hmac": p.hmac_secret.is_some(),
+        "business_name": p.business_name,
+        "rate_per_minute": p.rate_per_minute.unwrap_or(config.pbx.rate_per_minute),
+        "burst": p.burst.unwrap_or(config.pbx.burst),
+        "cooldown_seconds": p.cooldown_seconds.unwrap_or(config.pbx.cooldown_minutes * 60),
+        "strict_window_hours": p.strict_window_hours,
+        "ip_allowlist": p.ip_allowlist,
+        "created_at": rfc3339(p.created_at),
+        "secret_rotated_at": p.secret_rotated_at.and_then(rfc3339),
+        "templates": templates.iter().map(|t| json!({"event_type": t.event_type, "text": t.body, "purpose": t.purpose}))
+            .collect::<Vec<_>>(),
+    })
+}
+
+/// A received PBX event as printed.
+pub fn pbx_event_json(e: &PbxEvent) -> Value {
+    json!({
+        "id": e.id,
+        "event_type": e.event_type,
+        "action": e.action,
+        "status": e.status_code,
+        "error": e.error_code,
+        "phone": e.phone,
+        "message_id": e.message_id,
+        "external_message_id": e.external_message_id,
+        "received_at": rfc3339(e.created_at),
+    })
+}
+
+/// Creates a PBX integration on one of the customer's instances (id or name); the
+/// returned JSON holds the webhook secret and, with `hmac`, the signing secret, shown
+/// this once.
+pub async fn create_pbx(
+    store: &Store,
+    customer_id: &str,
+    instance: &str,
+    hmac: bool,
+    business_name: Option<&str>,
+) -> Result<Value, OpsError> {
+    let instance = store
+        .find_instance(customer_id, instance)
+        .await?
+        .ok_or_else(|| OpsError::Invalid(format!("customer {customer_id} has no instance {instance:?}")))?;
+    let secret = pbx::auth::new_webhook_secret();
+    let signing = hmac.then(pbx::auth::new_signing_secret);
+    let business_name = business_name.map(str::trim).filter(|n| !n.is_empty());
+    let id = store
+        .create_pbx_integration(
+            customer_id,
+            &instance.id,
+            &secret.hash,
+            &secret.prefix,
+            signing.as_deref(),
+            business_name,
+        )
+        .await?;
+    let mut out = json!({
+        "integration_id": id,
+        "instance_id": instance.id,
+        "webhook_path": format!("/integrations/pbx/webhook/{id}"),
+        "webhook_secret": secret.plaintext,
+    });
+    if let Some(signing) = signing {
+        out["hmac_secret"] = Value::String(signing);
+    }
+    Ok(out)
+}
+
+/// Replaces the webhook secret (and, with `hmac`, the signing secret); the old ones
+/// stop working at once. The new secrets are in the returned JSON, shown this once.
+pub async fn rotate_pbx_secret(store: &Store, id: i64, hmac: bool) -> Result<Value, OpsError> {
+    let secret = pbx::auth::new_webhook_secret();
+    let signing = hmac.then(pbx::auth::new_signing_secret);
+    store.rotate_pbx_secret(id, &secret.hash, &secret.prefix, signing.as_deref().map(Some)).await?;
+    let mut out = json!({"integration_id": id, "webhook_secret": secret.plaintext});
+    if let Some(signing) = signing {
+        out["hmac_secret"] = Value::String(signing);
+    }
+    Ok(out)
+}
+
+/// Sets the template of one event type (checked: known event, known placeholders).
+pub async fn set_pbx_template(store: &Store, id: i64, event: &str, text: &str, purpose: &str) -> Result<(), OpsError> {
+    let event_type = PbxEventType::parse(event)
+        .filter(|e| e.is_templatable())
+        .ok_or_else(|| OpsError::Invalid(format!("{event:?} is not an event type that takes a template")))?;
+    let purpose = MessagePurpose::parse(purpose)
+        .ok_or_else(|| OpsError::Invalid(format!("{purpose:?} is not a message purpose")))?;
+    pbx::template::check(text).map_err(OpsError::Invalid)?;
+    Ok(store.set_pbx_template(id, event_type.as_str(), text, purpose.as_str()).await?)
+}
+
+/// Checks and applies a settings change.
+pub async fn update_pbx(store: &Store, id: i64, update: &PbxSettingsUpdate) -> Result<(), OpsError> {
+    let positive = [update.rate_per_minute, update.burst, update.strict_window_hours];
+    if positive.iter().flatten().flatten().any(|n| *n < 1) {
+        return Err(OpsError::Invalid("rate, burst and window must be at least 1".into()));
+    }
+    if update.cooldown_seconds.flatten().is_some_and(|n| n < 0) {
+        return Err(OpsError::Invalid("the cooldown must not be negative".into()));
+    }
+    if let Some(Some(list)) = &update.ip_allowlist {
+        pbx::auth::parse_allowlist(list).map_err(OpsError::Invalid)?;
+    }
+    Ok(store.update_pbx_settings(id, update).await?)
 }

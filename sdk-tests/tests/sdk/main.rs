@@ -5,6 +5,7 @@
 mod contract;
 mod errors;
 mod limits;
+mod pbx;
 mod sending;
 mod store;
 

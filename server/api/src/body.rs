@@ -277,3 +277,73 @@ mod properties {
         }
     }
 }
+
+/// The raw request of the PBX webhook: its headers and its body, read on demand.
+///
+/// The body is read before anything else (the size check comes first, DESIGN.md) and
+/// kept as bytes, because the signature covers the exact bytes. Over the limit the
+/// reading stops at once: nothing past the limit is read (a declared length over it is
+/// refused before the first byte). The contract shows the JSON schema of
+/// `PbxWebhookRequest` and the three headers.
+pub struct PbxBody {
+    headers: http::HeaderMap,
+    declared_length: Option<usize>,
+    limit: usize,
+    body: dropshot::Body,
+}
+
+impl PbxBody {
+    /// The request's headers.
+    pub fn headers(&self) -> &http::HeaderMap {
+        &self.headers
+    }
+
+    /// Reads the whole body, or 413 `payload_too_large` as soon as it passes the limit.
+    pub async fn read(&mut self) -> Result<bytes::Bytes, ApiError> {
+        let cap = self.limit;
+        let too_large = || {
+            ApiError::new(413, "payload_too_large", format!("request body is larger than {cap} bytes"))
+                .with_detail("limit_bytes", cap as u64)
+        };
+        if self.declared_length.is_some_and(|n| n > cap) {
+            return Err(too_large());
+        }
+        let mut buf = BytesMut::with_capacity(self.declared_length.unwrap_or(1024).min(cap));
+        let body = std::mem::replace(&mut self.body, dropshot::Body::empty());
+        let mut body = body;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::new(400, "invalid_json", "request body could not be read").with_internal(e.to_string())
+            })?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if buf.len() + data.len() > cap {
+                return Err(too_large());
+            }
+            buf.put(data);
+        }
+        Ok(buf.freeze())
+    }
+}
+
+#[async_trait::async_trait]
+impl ExclusiveExtractor for PbxBody {
+    async fn from_request<C: ServerContext>(
+        rqctx: &RequestContext<C>,
+        request: http::Request<dropshot::Body>,
+    ) -> Result<Self, HttpError> {
+        let (parts, body) = request.into_parts();
+        let declared_length =
+            parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+        Ok(PbxBody { headers: parts.headers, declared_length, limit: rqctx.request_body_max_bytes(), body })
+    }
+
+    fn metadata(content_type: ApiEndpointBodyContentType) -> ExtractorMetadata {
+        let mut metadata = <TypedBody<crate::PbxWebhookRequest> as ExclusiveExtractor>::metadata(content_type.clone());
+        let headers =
+            <dropshot::Header<crate::PbxHeaders> as dropshot::SharedExtractor>::metadata(content_type).parameters;
+        metadata.parameters.extend(headers);
+        metadata
+    }
+}

@@ -18,6 +18,7 @@ pub const CONTRACT_TITLE: &str = "Gateway API";
 pub const CONTRACT_VERSION: semver::Version = semver::Version::new(1, 0, 0);
 
 const BEARER: &str = "bearerAuth";
+const PBX_SECRET: &str = "pbxSecret";
 
 /// Error statuses of `POST /api/send-message` with what each means.
 const SEND_MESSAGE_ERRORS: &[(u16, &str)] = &[
@@ -44,6 +45,31 @@ const SEND_MESSAGE_ERRORS: &[(u16, &str)] = &[
     ),
     (500, "Unexpected error (`internal_error`)"),
     (502, "Delivery could not be completed after the checks (`gateway_send_failed`)"),
+];
+
+/// Error statuses of `POST /integrations/pbx/webhook/{integration_id}`.
+const PBX_WEBHOOK_ERRORS: &[(u16, &str)] = &[
+    (400, "Invalid JSON or event payload (`invalid_json`, `validation_error` with `details.field`)"),
+    (
+        401,
+        "Unknown integration, wrong secret, missing or bad signature, stale or replayed timestamp: one \
+         generic answer (`invalid_pbx_webhook`)",
+    ),
+    (
+        403,
+        "PBX module or responsible-messaging denial (`module_not_enabled`, `active_plan_required`, \
+         `recipient_suppressed`, `policy_violation`, `message_purpose_not_allowed`, \
+         `instance_paused_for_review`)",
+    ),
+    (413, "Body larger than 256 KB (`payload_too_large`)"),
+    (
+        429,
+        "PBX webhook rate limit (`webhook_rate_limited`, `details.retry_after_seconds`), or the message \
+         quota of the resulting send (`sending_throttled`, `daily_message_limit_exceeded`, \
+         `monthly_message_limit_exceeded`)",
+    ),
+    (500, "Unexpected error (`internal_error`)"),
+    (502, "The resulting message could not be delivered after the checks (`gateway_send_failed`)"),
 ];
 
 /// The contract as committed in `openapi/openapi.json`.
@@ -76,6 +102,15 @@ fn complete(doc: &mut OpenAPI) {
             extensions: Default::default(),
         }),
     );
+    components.security_schemes.insert(
+        PBX_SECRET.to_string(),
+        ReferenceOr::Item(SecurityScheme::APIKey {
+            location: openapiv3::APIKeyLocation::Header,
+            name: "X-Gateway-3CX-Secret".to_string(),
+            description: Some("The PBX integration's webhook secret, from the dashboard.".to_string()),
+            extensions: Default::default(),
+        }),
+    );
     let error_body = ReferenceOr::Reference { reference: "#/components/schemas/ErrorBody".to_string() };
     for (_, item) in doc.paths.paths.iter_mut() {
         let ReferenceOr::Item(item) = item else {
@@ -84,13 +119,15 @@ fn complete(doc: &mut OpenAPI) {
         for op in
             [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch].into_iter().flatten()
         {
-            if op.operation_id.as_deref() != Some("message_send") {
-                continue;
-            }
+            let (scheme, errors) = match op.operation_id.as_deref() {
+                Some("message_send") => (BEARER, SEND_MESSAGE_ERRORS),
+                Some("pbx_webhook") => (PBX_SECRET, PBX_WEBHOOK_ERRORS),
+                _ => continue,
+            };
             let mut requirement = SecurityRequirement::new();
-            requirement.insert(BEARER.to_string(), Vec::new());
+            requirement.insert(scheme.to_string(), Vec::new());
             op.security = Some(vec![requirement]);
-            for (status, what) in SEND_MESSAGE_ERRORS {
+            for (status, what) in errors {
                 let mut content = openapiv3::Content::default();
                 content.insert(
                     "application/json".to_string(),

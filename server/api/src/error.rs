@@ -86,6 +86,13 @@ impl ApiError {
         }
     }
 
+    /// An error answered before and stored (an idempotent repeat): the stored body
+    /// with its status. A code this version does not know becomes `internal_error`.
+    pub fn from_stored(status: u16, body: ErrorBody) -> ApiError {
+        let code = KNOWN_CODES.iter().find(|k| **k == body.error.as_str()).copied().unwrap_or("internal_error");
+        ApiError { details: body.details, ..ApiError::new(status, code, body.message) }
+    }
+
     /// Carries this error through an `HttpError` without loss (for extractors, which
     /// must return `HttpError`).
     pub fn into_http_error(self) -> HttpError {

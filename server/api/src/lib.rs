@@ -14,16 +14,19 @@ mod contract;
 mod error;
 mod types;
 
-pub use body::{JsonBody, is_json_content_type};
+pub use body::{JsonBody, PbxBody, is_json_content_type, parse_json};
 pub use contract::{CONTRACT_TITLE, CONTRACT_VERSION, openapi_document};
 pub use error::{ApiError, ErrorBody};
 pub use types::*;
 
-use dropshot::{HttpResponseOk, RequestContext};
+use dropshot::{HttpResponseOk, Path, RequestContext};
 
 /// Largest accepted body of `POST /api/send-message`: a 16 MiB media file in base64
 /// (4/3 of its size) plus the other fields.
 pub const SEND_MESSAGE_MAX_BYTES: usize = 23 * 1024 * 1024;
+
+/// Largest accepted body of the PBX webhook (the specification's 256 KB).
+pub const PBX_WEBHOOK_MAX_BYTES: usize = 256 * 1024;
 
 /// The v1 API of the gateway.
 #[dropshot::api_description]
@@ -49,4 +52,27 @@ pub trait GatewayApi {
         rqctx: RequestContext<Self::Context>,
         body: JsonBody<SendMessageRequest>,
     ) -> Result<HttpResponseOk<SendMessageResponse>, ApiError>;
+
+    /// Receive a PBX event
+    ///
+    /// Receives a call event from the customer's phone system (PBX). Authentication:
+    /// header `X-Gateway-3CX-Secret` with the integration's webhook secret; when HMAC
+    /// signing is configured also `X-Gateway-Timestamp` (Unix seconds, within 300 s of
+    /// the gateway's clock) and `X-Gateway-Signature` (`sha256=<hex>` or `<hex>`:
+    /// HMAC-SHA256 of timestamp + "." + raw body); a signature is accepted once. Checks,
+    /// in order: body size (413), integration, secret and signature (401, one generic
+    /// answer for every cause), JSON (400), event payload (400 `validation_error`), PBX
+    /// module (403), rate limit (429), then the action. A message the event causes goes
+    /// through the send pipeline (policy and suppression 403, quota 429, provider 502).
+    #[endpoint {
+        method = POST,
+        path = "/integrations/pbx/webhook/{integration_id}",
+        tags = ["pbx"],
+        request_body_max_bytes = PBX_WEBHOOK_MAX_BYTES,
+    }]
+    async fn pbx_webhook(
+        rqctx: RequestContext<Self::Context>,
+        path: Path<PbxPath>,
+        body: PbxBody,
+    ) -> Result<HttpResponseOk<PbxWebhookResponse>, ApiError>;
 }

@@ -149,3 +149,175 @@ pub struct SendMessageResponse {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_type: Option<String>,
 }
+
+/// The PBX event types of the specification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PbxEventType {
+    Test,
+    OutboundMessage,
+    InboundReply,
+    MissedCall,
+    CallStarted,
+    CallEnded,
+    Voicemail,
+    QueueEvent,
+    QueueCallback,
+    AfterHours,
+}
+
+impl PbxEventType {
+    /// Every event type, in the specification's order.
+    pub const ALL: [PbxEventType; 10] = [
+        PbxEventType::Test,
+        PbxEventType::OutboundMessage,
+        PbxEventType::InboundReply,
+        PbxEventType::MissedCall,
+        PbxEventType::CallStarted,
+        PbxEventType::CallEnded,
+        PbxEventType::Voicemail,
+        PbxEventType::QueueEvent,
+        PbxEventType::QueueCallback,
+        PbxEventType::AfterHours,
+    ];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PbxEventType::Test => "test",
+            PbxEventType::OutboundMessage => "outbound_message",
+            PbxEventType::InboundReply => "inbound_reply",
+            PbxEventType::MissedCall => "missed_call",
+            PbxEventType::CallStarted => "call_started",
+            PbxEventType::CallEnded => "call_ended",
+            PbxEventType::Voicemail => "voicemail",
+            PbxEventType::QueueEvent => "queue_event",
+            PbxEventType::QueueCallback => "queue_callback",
+            PbxEventType::AfterHours => "after_hours",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<PbxEventType> {
+        PbxEventType::ALL.into_iter().find(|e| e.as_str() == s)
+    }
+
+    /// Call events that message the caller back when the integration has a template.
+    pub fn is_callback(self) -> bool {
+        matches!(
+            self,
+            PbxEventType::MissedCall | PbxEventType::Voicemail | PbxEventType::AfterHours | PbxEventType::QueueCallback
+        )
+    }
+
+    /// Event types that may carry a template (every type but `test` and `outbound_message`).
+    pub fn is_templatable(self) -> bool {
+        !matches!(self, PbxEventType::Test | PbxEventType::OutboundMessage)
+    }
+}
+
+/// Body of `POST /integrations/pbx/webhook/{integration_id}` as the server reads it.
+///
+/// Lenient like the send request: every field is optional text, so that a missing or
+/// unknown `event_type` is a 400 `validation_error` naming the field. Properties this
+/// version does not know are ignored: phone systems add their own.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct PbxWebhookRequest {
+    pub event_type: Option<String>,
+    pub to: Option<String>,
+    pub customer_phone: Option<String>,
+    pub message_text: Option<String>,
+    pub message_purpose: Option<String>,
+    pub conversation_id: Option<String>,
+    pub external_message_id: Option<String>,
+    pub agent_extension: Option<String>,
+    pub queue: Option<String>,
+    pub call_time: Option<String>,
+}
+
+impl JsonSchema for PbxWebhookRequest {
+    fn schema_name() -> String {
+        "PbxWebhookRequest".to_string()
+    }
+
+    fn json_schema(g: &mut schemars::r#gen::SchemaGenerator) -> schemars::schema::Schema {
+        PbxWebhookRequestSchema::json_schema(g)
+    }
+}
+
+/// A call event from a phone system (PBX).
+#[derive(JsonSchema)]
+#[allow(dead_code)]
+struct PbxWebhookRequestSchema {
+    /// What happened.
+    event_type: PbxEventType,
+    /// Destination phone (E.164) of an `outbound_message` event.
+    #[serde(default)]
+    to: Option<String>,
+    /// The caller's phone (E.164), the recipient of a templated message.
+    #[serde(default)]
+    customer_phone: Option<String>,
+    /// Body of an `outbound_message` event.
+    #[serde(default)]
+    message_text: Option<String>,
+    /// Purpose of an `outbound_message` event; `support` when absent.
+    #[serde(default)]
+    message_purpose: Option<MessagePurpose>,
+    #[serde(default)]
+    conversation_id: Option<String>,
+    /// The phone system's own identifier of this event; a repeat is answered with the
+    /// first result and sends nothing.
+    #[serde(default)]
+    external_message_id: Option<String>,
+    #[serde(default)]
+    agent_extension: Option<String>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    call_time: Option<String>,
+}
+
+/// Success body of the PBX webhook.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct PbxWebhookResponse {
+    /// Always `true`.
+    pub success: bool,
+    /// `processed`.
+    pub status: String,
+    /// Echo of the processed event type.
+    pub event_type: String,
+    /// What the gateway did: `received` (test), `message_sent`, `ignored` (no template
+    /// for this event type), `cooldown` (the caller was messaged for this event type
+    /// within the cooldown), `outside_conversation_window` (strict window on, the
+    /// caller has not written recently).
+    pub action: String,
+    /// Message identifier, present when a message was sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+}
+
+/// Headers of the PBX webhook, as published in the contract. The server reads them
+/// itself (see `PbxBody`), so that a missing or garbled one is the generic 401.
+#[derive(Deserialize, JsonSchema)]
+#[allow(dead_code)]
+pub struct PbxHeaders {
+    /// The integration's webhook secret.
+    #[serde(rename = "X-Gateway-3CX-Secret")]
+    secret: Option<String>,
+    /// Unix time in seconds; required when HMAC signing is configured.
+    #[serde(rename = "X-Gateway-Timestamp")]
+    timestamp: Option<String>,
+    /// `sha256=<hex>` (or bare `<hex>`): HMAC-SHA256 of timestamp + "." + raw body;
+    /// required when HMAC signing is configured.
+    #[serde(rename = "X-Gateway-Signature")]
+    signature: Option<String>,
+}
+
+/// Path of the PBX webhook. The contract says integer; the server reads text, so that
+/// a malformed id is the same 401 as an unknown one.
+#[derive(Deserialize, JsonSchema)]
+pub struct PbxPath {
+    /// The integration's identifier.
+    #[schemars(with = "u64")]
+    pub integration_id: String,
+}

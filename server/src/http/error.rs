@@ -63,6 +63,42 @@ impl From<SendError> for ApiError {
     }
 }
 
+/// A send caused by a PBX event, answered within the PBX webhook's statuses: problems
+/// of the message itself are 400 `validation_error` naming the event's field
+/// (`phone_field` for the recipient, `message_text` for the text); a purpose or pause
+/// refusal is a responsible-messaging denial (403, the pipeline's code); an instance
+/// that no longer exists is the integration's fault (500); the rest as on the send
+/// endpoint (403, 429, 502).
+pub fn pbx_send_error(e: SendError, phone_field: &'static str) -> ApiError {
+    let code = e.code();
+    let payload = |field: &'static str, reason: String| {
+        ApiError::new(400, "validation_error", format!("invalid event payload: {reason}"))
+            .with_detail("field", field)
+            .with_detail("reason", reason)
+    };
+    match e {
+        SendError::Validation { field, reason } => {
+            let field = match field {
+                "phone" => phone_field,
+                "message" | "caption" => "message_text",
+                other => other,
+            };
+            payload(field, reason)
+        }
+        SendError::MissingPhone => payload(phone_field, format!("{phone_field} is required")),
+        SendError::MissingMessageText => payload("message_text", "the message text is empty".into()),
+        SendError::PurposeRequired => payload("message_purpose", "message_purpose is required".into()),
+        SendError::InvalidInstance => ApiError::internal("the integration's instance does not exist"),
+        SendError::Paused { .. } => ApiError::new(403, code, "the instance is paused for responsible-messaging review"),
+        e @ SendError::PurposeNotAllowed { .. } => {
+            let mut api = ApiError::from(e);
+            api.status = dropshot::ErrorStatusCode::FORBIDDEN;
+            api
+        }
+        other => ApiError::from(other),
+    }
+}
+
 fn limit_error(e: ApiError, limit: i64, used: i64, resets_at: i64) -> ApiError {
     let resets = chrono::DateTime::from_timestamp_millis(resets_at).unwrap_or_default();
     let now = chrono::Utc::now();

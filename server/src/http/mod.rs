@@ -7,11 +7,15 @@
 mod auth;
 pub mod error;
 
+use crate::config::Config;
+use crate::pbx::{Webhook, WebhookRequest};
 use crate::send::{SendInput, Sender};
 use crate::store::{Store, now_ms};
-use dropshot::{Body, HttpError, HttpResponseOk, RequestContext, endpoint};
+use dropshot::{Body, HttpError, HttpResponseOk, Path, RequestContext, endpoint};
 use futures::FutureExt;
-use gateway_api::{ApiError, GatewayApi, JsonBody, SendMessageRequest, SendMessageResponse};
+use gateway_api::{
+    ApiError, GatewayApi, JsonBody, PbxBody, PbxPath, PbxWebhookResponse, SendMessageRequest, SendMessageResponse,
+};
 use http::{HeaderMap, Response, StatusCode, header};
 use slog::{Logger, error, info};
 use std::collections::HashMap;
@@ -25,14 +29,15 @@ const KEY_TOUCH_INTERVAL_MS: i64 = 60_000;
 pub struct AppState {
     pub store: Store,
     pub sender: Sender,
+    pub config: Arc<Config>,
     /// When each key's `last_used_at` was last written.
     key_touched: Mutex<HashMap<String, i64>>,
 }
 
 impl AppState {
     /// State over a store and a pipeline.
-    pub fn new(store: Store, sender: Sender) -> Self {
-        AppState { store, sender, key_touched: Mutex::new(HashMap::new()) }
+    pub fn new(store: Store, sender: Sender, config: Arc<Config>) -> Self {
+        AppState { store, sender, config, key_touched: Mutex::new(HashMap::new()) }
     }
 
     /// Writes `last_used_at` at most once a minute per key, off the request path.
@@ -68,6 +73,38 @@ impl GatewayApi for GatewayApiImpl {
         let headers = rqctx.request.headers().clone();
         let log = rqctx.log.new(slog::o!("component" => "send"));
         catch_panics(&log, send_message(state, headers, body, log.clone())).await.map(HttpResponseOk)
+    }
+
+    async fn pbx_webhook(
+        rqctx: RequestContext<Self::Context>,
+        path: Path<PbxPath>,
+        body: PbxBody,
+    ) -> Result<HttpResponseOk<PbxWebhookResponse>, ApiError> {
+        let state = rqctx.context().clone();
+        let remote = rqctx.request.remote_addr().ip();
+        let log = rqctx.log.new(slog::o!("component" => "pbx"));
+        let integration_id = path.into_inner().integration_id;
+        let handled = async {
+            let mut body = body;
+            let bytes = match body.read().await {
+                Ok(bytes) => bytes,
+                Err(e) => {
+                    info!(log, "pbx webhook refused"; "error" => e.code);
+                    return Err(e);
+                }
+            };
+            let webhook = Webhook {
+                store: &state.store,
+                sender: &state.sender,
+                settings: &state.config.pbx,
+                pending_wait: state.config.provider_timeout() + std::time::Duration::from_secs(5),
+                log: &log,
+            };
+            let request =
+                WebhookRequest { integration_id: &integration_id, headers: body.headers(), body: &bytes, remote };
+            webhook.handle(&request).await
+        };
+        catch_panics(&log, handled).await.map(HttpResponseOk)
     }
 }
 

@@ -17,12 +17,14 @@ mod counters;
 mod customers;
 mod keys;
 mod messages;
+mod pbx;
 mod writer;
 
 pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PlanStatus, SendContext};
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent};
+pub use pbx::{Admission, PbxAdmit, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate, RateCheck};
 
 use rusqlite::types::Value as SqlValue;
 use sqlx::any::{AnyPoolOptions, AnyRow, install_default_drivers};

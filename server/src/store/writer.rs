@@ -23,6 +23,7 @@
 
 use super::counters::{LimitHit, Reservation};
 use super::messages::{LogEntry, OutboxEvent};
+use super::pbx::{Admission, PbxAdmit, PbxEvent};
 use super::{StoreError, bind_dollar};
 use rusqlite::types::Value as SqlValue;
 use sqlx::{AnyPool, Row};
@@ -39,6 +40,7 @@ pub(super) enum WriteOp {
     Reserve { reservations: Vec<Reservation>, reply: Reply<Result<(), LimitHit>> },
     Release { reservations: Vec<Reservation>, reply: Reply<()> },
     Record { entry: Box<LogEntry>, event: Option<Box<OutboxEvent>>, reply: Reply<i64> },
+    PbxAdmit { admit: Box<PbxAdmit>, reply: Reply<Admission> },
 }
 
 /// The result of one write, held until the batch commits.
@@ -46,6 +48,7 @@ enum Done {
     Reserve(Result<(), LimitHit>),
     Release,
     Record(i64),
+    PbxAdmit(Admission),
 }
 
 const RELEASE_SQL: &str =
@@ -117,6 +120,8 @@ fn answer(op: WriteOp, result: Result<Done, StoreError>) {
         (WriteOp::Reserve { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (WriteOp::Release { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (WriteOp::Record { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
+        (WriteOp::PbxAdmit { reply, .. }, Ok(Done::PbxAdmit(a))) => drop(reply.send(Ok(a))),
+        (WriteOp::PbxAdmit { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (_, Ok(_)) => unreachable!("each write yields its own kind of result"),
     }
 }
@@ -199,6 +204,7 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &[WriteOp]) -> Result<Ve
                 }
                 Done::Record(id)
             }
+            WriteOp::PbxAdmit { admit, .. } => Done::PbxAdmit(sqlite_pbx_admit(&tx, admit)?),
         });
     }
     tx.commit()?;
@@ -241,6 +247,64 @@ fn sqlite_reserve(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<
     Ok(Err(LimitHit { index, used: used.unwrap_or(rs[index].limit) }))
 }
 
+fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admission, StoreError> {
+    use super::pbx::{INSERT_EVENT_SQL, RATE_SQL, SEEN_SQL, TAT_SQL, event_values};
+    if let Some(signature) = &a.signature {
+        let mut stmt = tx.prepare_cached(SEEN_SQL)?;
+        bind_dollar(
+            &mut stmt,
+            &[
+                SqlValue::Integer(a.integration_id),
+                SqlValue::Text(signature.clone()),
+                SqlValue::Integer(a.signature_expires_at),
+            ],
+        )?;
+        if stmt.raw_execute()? == 0 {
+            return Ok(Admission::Replayed);
+        }
+    }
+    let mut rate_limited_for_ms = None;
+    if let Some(rate) = &a.rate {
+        let mut stmt = tx.prepare_cached(RATE_SQL)?;
+        bind_dollar(
+            &mut stmt,
+            &[
+                SqlValue::Text(rate.key.clone()),
+                SqlValue::Integer(rate.now),
+                SqlValue::Integer(rate.interval_ms),
+                SqlValue::Integer(rate.tolerance_ms),
+            ],
+        )?;
+        let allowed = stmt.raw_query().next()?.is_some();
+        if !allowed {
+            let tat: i64 = tx.prepare_cached(TAT_SQL)?.query_row([&rate.key], |row| row.get(0))?;
+            rate_limited_for_ms = Some(tat - rate.now - rate.tolerance_ms);
+        }
+    }
+    let mut log_id = None;
+    if let Some(log) = &a.log {
+        let log = admitted_log(log, rate_limited_for_ms);
+        let mut insert = tx.prepare_cached(INSERT_EVENT_SQL)?;
+        bind_dollar(&mut insert, &event_values(&log))?;
+        log_id = Some(insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?);
+    }
+    Ok(Admission::Admitted { rate_limited_for_ms, log_id })
+}
+
+/// The log row of an admitted event: as given, or `rate_limited` when the limit refused.
+fn admitted_log(log: &PbxEvent, rate_limited_for_ms: Option<i64>) -> PbxEvent {
+    match rate_limited_for_ms {
+        None => log.clone(),
+        Some(_) => PbxEvent {
+            action: "rate_limited".into(),
+            status_code: 429,
+            error_code: Some("webhook_rate_limited".into()),
+            response: None,
+            ..log.clone()
+        },
+    }
+}
+
 fn sqlite_release(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<(), StoreError> {
     for r in rs {
         tx.prepare_cached(RELEASE_SQL)?.execute(rusqlite::params![r.scope, r.window_start])?;
@@ -275,19 +339,29 @@ pub(super) fn spawn_sqlx(pool: AnyPool, log: Option<slog::Logger>) -> mpsc::Send
 
 /// Runs a batch on PostgreSQL: one call of `gateway_write_batch` (migration 0002),
 /// which applies the writes in order in the statement's own transaction.
+/// PBX admissions go to `gateway_pbx_admit` (migration 0003) in the same statement.
 async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, StoreError> {
-    let ops: Vec<serde_json::Value> = batch.iter().map(op_json).collect();
-    let row = sqlx::query("SELECT gateway_write_batch($1::jsonb)::text AS r")
+    let is_pbx = |op: &&WriteOp| matches!(op, WriteOp::PbxAdmit { .. });
+    let ops: Vec<serde_json::Value> = batch.iter().filter(|op| !is_pbx(op)).map(op_json).collect();
+    let pbx: Vec<serde_json::Value> = batch.iter().filter(is_pbx).map(op_json).collect();
+    let row = sqlx::query("SELECT gateway_write_batch($1::jsonb)::text AS r, gateway_pbx_admit($2::jsonb)::text AS p")
         .bind(serde_json::Value::Array(ops).to_string())
+        .bind(serde_json::Value::Array(pbx).to_string())
         .fetch_one(pool)
         .await?;
-    let text: String = row.try_get("r")?;
-    let results: Vec<serde_json::Value> =
-        serde_json::from_str(&text).map_err(|e| StoreError::Conflict(format!("write batch answer: {e}")))?;
-    if results.len() != batch.len() {
-        return Err(StoreError::Conflict("write batch answered a different number of writes".into()));
-    }
-    batch.iter().zip(results).map(|(op, r)| done_from_json(op, &r)).collect()
+    let parse = |column: &str| -> Result<Vec<serde_json::Value>, StoreError> {
+        let text: String = row.try_get(column)?;
+        serde_json::from_str(&text).map_err(|e| StoreError::Conflict(format!("write batch answer: {e}")))
+    };
+    let (mut results, mut pbx_results) = (parse("r")?.into_iter(), parse("p")?.into_iter());
+    batch
+        .iter()
+        .map(|op| {
+            let r = if is_pbx(&op) { pbx_results.next() } else { results.next() };
+            let r = r.ok_or_else(|| StoreError::Conflict("write batch answered fewer writes".into()))?;
+            done_from_json(op, &r)
+        })
+        .collect()
 }
 
 fn reservations_json(rs: &[Reservation]) -> serde_json::Value {
@@ -324,6 +398,22 @@ fn op_json(op: &WriteOp) -> serde_json::Value {
             });
             serde_json::json!({"op": "record", "log": log, "event": event})
         }
+        WriteOp::PbxAdmit { admit, .. } => {
+            let a = admit;
+            let log = a.log.as_ref().map(|l| {
+                serde_json::json!({
+                    "integration_id": l.integration_id, "customer_id": l.customer_id, "event_type": l.event_type,
+                    "action": l.action, "status_code": l.status_code, "error_code": l.error_code,
+                    "phone": l.phone, "message_id": l.message_id, "external_message_id": l.external_message_id,
+                    "response": l.response, "created_at": l.created_at,
+                })
+            });
+            let rate = a.rate.as_ref().map(|r| {
+                serde_json::json!({"key": r.key, "now": r.now, "interval": r.interval_ms, "tolerance": r.tolerance_ms})
+            });
+            serde_json::json!({"integration_id": a.integration_id, "signature": a.signature,
+                               "signature_expires_at": a.signature_expires_at, "rate": rate, "log": log})
+        }
     }
 }
 
@@ -337,6 +427,11 @@ fn done_from_json(op: &WriteOp, r: &serde_json::Value) -> Result<Done, StoreErro
         })),
         WriteOp::Release { .. } => Done::Release,
         WriteOp::Record { .. } => Done::Record(r["id"].as_i64().ok_or_else(bad)?),
+        WriteOp::PbxAdmit { .. } if r["replay"] == true => Done::PbxAdmit(Admission::Replayed),
+        WriteOp::PbxAdmit { .. } => Done::PbxAdmit(Admission::Admitted {
+            rate_limited_for_ms: r["rate_limited_for_ms"].as_i64(),
+            log_id: r["log_id"].as_i64(),
+        }),
     })
 }
 

@@ -1,0 +1,437 @@
+//! The PBX webhook: call events from a customer's phone system turned into actions.
+//!
+//! Check order (DESIGN.md): body size (413, in the HTTP layer) → integration, secret and
+//! signature (401, one generic answer) → JSON (400) → event payload (400
+//! `validation_error`) → PBX module (403) → rate limit (429) → action.
+//!
+//! The steps from JSON to module have no side effect, so they run first and the
+//! admission write (`Store::pbx_admit`) then does, in the order of the checks, what
+//! must be stored: remember the signature (a replay is the 401 of the auth step even
+//! if the body is also bad), take the rate-limit token (only for a request that got
+//! that far), and log an event whose answer is already known. One write per request,
+//! batched with the others by the store's writer.
+//!
+//! Actions that send go through the send pipeline with source `pbx` (plan, module,
+//! pause, purpose, suppression, content policy, velocity, quota, provider), after the
+//! optional strict conversation window, the idempotency claim of
+//! `external_message_id` and, for templated messages, the cooldown.
+
+pub mod auth;
+pub mod template;
+
+use crate::config::PbxSettings;
+use crate::send::{SendInput, Sender, phone};
+use crate::store::{Admission, PbxAdmit, PbxEvent, PbxIntegration, RateCheck, Store, now_ms};
+use auth::AuthFailure;
+use gateway_api::{ApiError, ErrorBody, MessagePurpose, PbxEventType, PbxWebhookRequest, PbxWebhookResponse};
+use http::HeaderMap;
+use slog::{Logger, error, info, warn};
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Longest `message_text` (the messaging network's limit).
+const MAX_TEXT_CHARS: usize = crate::send::MAX_TEXT_CHARS;
+/// Longest value of a field that goes into a template or the log.
+const MAX_FIELD_CHARS: usize = 128;
+/// How often a repeat polls for the first request's result.
+const PENDING_POLL: Duration = Duration::from_millis(50);
+
+/// A webhook request as the HTTP layer read it.
+pub struct WebhookRequest<'a> {
+    pub integration_id: &'a str,
+    pub headers: &'a HeaderMap,
+    pub body: &'a [u8],
+    pub remote: IpAddr,
+}
+
+/// The PBX webhook over the store and the send pipeline.
+pub struct Webhook<'a> {
+    pub store: &'a Store,
+    pub sender: &'a Sender,
+    pub settings: &'a PbxSettings,
+    /// How long a repeat waits for the first request with its `external_message_id`.
+    pub pending_wait: Duration,
+    pub log: &'a Logger,
+}
+
+/// The generic answer to every authentication failure.
+pub fn unauthorized() -> ApiError {
+    ApiError::new(401, "invalid_pbx_webhook", "the PBX webhook request could not be authenticated")
+}
+
+fn payload_error(field: &'static str, reason: impl Into<String>) -> ApiError {
+    let reason = reason.into();
+    ApiError::new(400, "validation_error", format!("invalid event payload: {reason}"))
+        .with_detail("field", field)
+        .with_detail("reason", reason)
+}
+
+/// What an event asks for, decided before anything is written.
+enum Plan {
+    /// Answer with this action; nothing is sent.
+    Respond(&'static str),
+    /// Send a message.
+    Send(Outgoing),
+}
+
+struct Outgoing {
+    /// E.164.
+    phone: String,
+    phone_field: &'static str,
+    text: String,
+    purpose: String,
+    /// A templated message (subject to the cooldown).
+    templated: bool,
+    external_id: Option<String>,
+}
+
+impl Webhook<'_> {
+    /// Handles one authenticated-or-not request to the end.
+    pub async fn handle(&self, req: &WebhookRequest<'_>) -> Result<PbxWebhookResponse, ApiError> {
+        let now = now_ms();
+        let (integration, signature) = match self.authenticate(req, now).await? {
+            Ok(found) => found,
+            Err(cause) => return Err(self.refuse(req, cause)),
+        };
+        let log = self.log.new(slog::o!("integration_id" => integration.id,
+                                         "customer_id" => integration.customer_id.clone()));
+        let parsed = gateway_api::parse_json::<PbxWebhookRequest>(req.body).map_err(as_payload_error);
+        let event_name = match &parsed {
+            Ok(r) => r.event_type.as_deref().map_or("(missing)", |t| t).chars().take(40).collect(),
+            Err(_) => "(unreadable)".to_string(),
+        };
+        let planned = match parsed {
+            Ok(request) => self.plan(&integration, &request).await,
+            Err(e) => Err(e),
+        };
+        let base = PbxEvent {
+            integration_id: integration.id,
+            customer_id: integration.customer_id.clone(),
+            event_type: event_name.clone(),
+            created_at: now,
+            ..PbxEvent::default()
+        };
+        let mut admit = PbxAdmit {
+            integration_id: integration.id,
+            signature: signature.clone(),
+            signature_expires_at: now + 2 * auth::TOLERANCE_SECONDS * 1000,
+            rate: None,
+            log: None,
+        };
+        let plan = match planned {
+            Err(e) => {
+                admit.log = Some(outcome_row(&base, "refused", Err(&e)));
+                if self.store.pbx_admit(admit).await? == Admission::Replayed {
+                    return Err(self.refuse(req, AuthFailure::ReplayedSignature));
+                }
+                info!(log, "pbx event refused"; "event_type" => &event_name, "error" => e.code);
+                return Err(e);
+            }
+            Ok(plan) => plan,
+        };
+        admit.rate = Some(self.rate_check(&integration, now));
+        let response = |action: &str, message_id: Option<String>| PbxWebhookResponse {
+            success: true,
+            status: "processed".into(),
+            event_type: event_name.clone(),
+            action: action.into(),
+            message_id,
+        };
+        if let Plan::Respond(action) = &plan {
+            admit.log = Some(outcome_row(&base, action, Ok(&response(action, None))));
+        }
+        match self.store.pbx_admit(admit).await? {
+            Admission::Replayed => return Err(self.refuse(req, AuthFailure::ReplayedSignature)),
+            Admission::Admitted { rate_limited_for_ms: Some(ms), .. } => {
+                let retry_after_seconds = (ms.max(1) + 999) / 1000;
+                info!(log, "pbx event rate limited"; "event_type" => &event_name, "retry_after_seconds" => retry_after_seconds);
+                return Err(ApiError::new(429, "webhook_rate_limited", "too many PBX webhook requests")
+                    .with_detail("retry_after_seconds", retry_after_seconds));
+            }
+            Admission::Admitted { .. } => {}
+        }
+        let outgoing = match plan {
+            Plan::Respond(action) => {
+                info!(log, "pbx event"; "event_type" => &event_name, "action" => action);
+                return Ok(response(action, None));
+            }
+            Plan::Send(outgoing) => outgoing,
+        };
+        let claim = match &outgoing.external_id {
+            None => None,
+            Some(external) => {
+                let pending = PbxEvent {
+                    action: "pending".into(),
+                    phone: Some(outgoing.phone.clone()),
+                    external_message_id: Some(external.clone()),
+                    ..base.clone()
+                };
+                match self.store.claim_pbx_external_id(&pending).await? {
+                    Ok(row_id) => Some(row_id),
+                    Err(first) => {
+                        info!(log, "pbx event repeated"; "event_type" => &event_name, "first_event" => first.id);
+                        return self.repeat(first).await;
+                    }
+                }
+            }
+        };
+        let result = self.send(&integration, &event_name, &outgoing, now, &log).await;
+        let result = result.map(|(action, message_id)| response(action, message_id));
+        let row = PbxEvent {
+            phone: Some(outgoing.phone.clone()),
+            external_message_id: outgoing.external_id.clone(),
+            ..outcome_row(&base, result.as_ref().map_or("refused", |r| r.action.as_str()), result.as_ref())
+        };
+        match claim {
+            // An unexpected failure is not the event's answer: a repeat may try again.
+            Some(row_id) if matches!(&result, Err(e) if e.status.as_u16() == 500) => {
+                self.store.release_pbx_event(row_id).await?;
+            }
+            Some(row_id) => self.store.finish_pbx_event(row_id, &row).await?,
+            None => {
+                self.store.insert_pbx_event(&row).await?;
+            }
+        }
+        match &result {
+            Ok(r) => info!(log, "pbx event"; "event_type" => &event_name, "action" => &r.action,
+                           "message_id" => r.message_id.as_deref().unwrap_or("")),
+            Err(e) if e.status.as_u16() >= 500 => error!(log, "pbx event failed"; "event_type" => &event_name,
+                "error" => e.code, "internal" => e.internal.as_deref().unwrap_or("")),
+            Err(e) => info!(log, "pbx event refused"; "event_type" => &event_name, "error" => e.code),
+        }
+        result
+    }
+
+    /// The integration and, with HMAC on, the verified signature; or why not.
+    async fn authenticate(
+        &self,
+        req: &WebhookRequest<'_>,
+        now: i64,
+    ) -> Result<Result<(PbxIntegration, Option<String>), AuthFailure>, ApiError> {
+        let id = req.integration_id;
+        if id.is_empty() || id.len() > 18 || !id.bytes().all(|b| b.is_ascii_digit()) {
+            return Ok(Err(AuthFailure::MalformedId));
+        }
+        let id: i64 = id.parse().map_err(|_| ApiError::internal("digits that do not parse"))?;
+        let Some(integration) = self.store.pbx_integration(id).await? else {
+            return Ok(Err(AuthFailure::UnknownIntegration));
+        };
+        if !auth::allowed(integration.ip_allowlist.as_deref(), req.remote) {
+            return Ok(Err(AuthFailure::AddressNotAllowed));
+        }
+        if let Err(cause) = auth::check_secret(req.headers, &integration.secret_hash) {
+            return Ok(Err(cause));
+        }
+        let signature = match &integration.hmac_secret {
+            None => None,
+            Some(key) => match auth::check_signature(req.headers, key, req.body, now.div_euclid(1000)) {
+                Ok(signature) => Some(signature),
+                Err(cause) => return Ok(Err(cause)),
+            },
+        };
+        Ok(Ok((integration, signature)))
+    }
+
+    /// Logs why (the caller only learns that it failed) and answers the generic 401.
+    fn refuse(&self, req: &WebhookRequest<'_>, cause: AuthFailure) -> ApiError {
+        let id: String = req.integration_id.chars().take(24).collect();
+        warn!(self.log, "pbx webhook not authenticated"; "cause" => cause.as_str(), "integration_id" => id,
+              "remote" => %req.remote);
+        unauthorized()
+    }
+
+    /// Validates the event and decides what it asks for (payload 400, module 403).
+    async fn plan(&self, integration: &PbxIntegration, r: &PbxWebhookRequest) -> Result<Plan, ApiError> {
+        let name = r.event_type.as_deref().map(str::trim).filter(|s| !s.is_empty());
+        let name = name.ok_or_else(|| payload_error("event_type", "event_type is required"))?;
+        let event = PbxEventType::parse(name).ok_or_else(|| {
+            let all: Vec<&str> = PbxEventType::ALL.iter().map(|e| e.as_str()).collect();
+            payload_error("event_type", format!("event_type must be one of {}", all.join(", ")))
+        })?;
+        for (field, value) in [
+            ("agent_extension", &r.agent_extension),
+            ("queue", &r.queue),
+            ("call_time", &r.call_time),
+            ("conversation_id", &r.conversation_id),
+            ("external_message_id", &r.external_message_id),
+        ] {
+            if value.as_ref().is_some_and(|v| v.chars().count() > MAX_FIELD_CHARS) {
+                return Err(payload_error(field, format!("{field} is longer than {MAX_FIELD_CHARS} characters")));
+            }
+        }
+        let external_id = r.external_message_id.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(String::from);
+        let plan = match event {
+            PbxEventType::Test => Plan::Respond("received"),
+            PbxEventType::OutboundMessage => {
+                let to = required_phone("to", &r.to)?;
+                let text = r.message_text.as_deref().filter(|t| !t.trim().is_empty());
+                let text = text.ok_or_else(|| payload_error("message_text", "message_text is required"))?;
+                if text.chars().count() > MAX_TEXT_CHARS {
+                    return Err(payload_error("message_text", format!("longer than {MAX_TEXT_CHARS} characters")));
+                }
+                let purpose = match r.message_purpose.as_deref().map(str::trim) {
+                    None | Some("") => MessagePurpose::Support,
+                    Some(p) => MessagePurpose::parse(p).ok_or_else(|| {
+                        let all: Vec<&str> = MessagePurpose::ALL.iter().map(|p| p.as_str()).collect();
+                        payload_error("message_purpose", format!("message_purpose must be one of {}", all.join(", ")))
+                    })?,
+                };
+                Plan::Send(Outgoing {
+                    phone: to,
+                    phone_field: "to",
+                    text: text.to_string(),
+                    purpose: purpose.as_str().to_string(),
+                    templated: false,
+                    external_id,
+                })
+            }
+            _ => match self.store.pbx_template(integration.id, event.as_str()).await? {
+                None => Plan::Respond("ignored"),
+                Some(t) => {
+                    let phone = required_phone("customer_phone", &r.customer_phone)?;
+                    let values = template::Values {
+                        customer_phone: Some(&phone),
+                        agent_extension: r.agent_extension.as_deref(),
+                        queue: r.queue.as_deref(),
+                        call_time: r.call_time.as_deref(),
+                        business_name: integration.business_name.as_deref(),
+                    };
+                    let text = template::render(&t.body, &values);
+                    Plan::Send(Outgoing {
+                        phone,
+                        phone_field: "customer_phone",
+                        text,
+                        purpose: t.purpose,
+                        templated: true,
+                        external_id,
+                    })
+                }
+            },
+        };
+        if !integration.module_pbx {
+            return Err(
+                ApiError::new(403, "module_not_enabled", "the pbx module is not enabled").with_detail("module", "pbx")
+            );
+        }
+        Ok(plan)
+    }
+
+    fn rate_check(&self, integration: &PbxIntegration, now: i64) -> RateCheck {
+        let per_minute = integration.rate_per_minute.unwrap_or(self.settings.rate_per_minute).max(1);
+        let burst = integration.burst.unwrap_or(self.settings.burst).max(1);
+        let interval_ms = 60_000 / per_minute;
+        RateCheck {
+            key: format!("pbx:{}", integration.id),
+            now,
+            interval_ms,
+            tolerance_ms: interval_ms.saturating_mul(burst - 1),
+        }
+    }
+
+    /// Window, cooldown and the send pipeline; the action and the message id.
+    async fn send(
+        &self,
+        integration: &PbxIntegration,
+        event: &str,
+        out: &Outgoing,
+        now: i64,
+        log: &Logger,
+    ) -> Result<(&'static str, Option<String>), ApiError> {
+        if let Some(hours) = integration.strict_window_hours.filter(|h| *h > 0) {
+            let last = self.store.last_inbound_at(&integration.instance_id, &out.phone).await?;
+            if last.is_none_or(|at| at < now - hours * 3_600_000) {
+                return Ok(("outside_conversation_window", None));
+            }
+        }
+        let cooldown_ms = integration.cooldown_seconds.unwrap_or(self.settings.cooldown_minutes * 60).max(0) * 1000;
+        let cooldown_until = now + cooldown_ms;
+        let cooling = out.templated && cooldown_ms > 0;
+        if cooling && !self.store.claim_pbx_cooldown(integration.id, event, &out.phone, now, cooldown_until).await? {
+            return Ok(("cooldown", None));
+        }
+        let input = SendInput {
+            customer_id: integration.customer_id.clone(),
+            api_key_id: None,
+            source: "pbx",
+            body: gateway_api::SendMessageRequest {
+                instance_id: Some(integration.instance_id.clone()),
+                phone: Some(out.phone.clone()),
+                message_purpose: Some(out.purpose.clone()),
+                message: Some(out.text.clone()),
+                ..Default::default()
+            },
+        };
+        match self.sender.send(&input).await {
+            Ok(sent) => Ok(("message_sent", Some(sent.message_id))),
+            Err(e) => {
+                if cooling
+                    && let Err(release) =
+                        self.store.release_pbx_cooldown(integration.id, event, &out.phone, cooldown_until).await
+                {
+                    warn!(log, "ending a cooldown after a failed send failed"; "error" => %release);
+                }
+                Err(crate::http::error::pbx_send_error(e, out.phone_field))
+            }
+        }
+    }
+
+    /// The answer of the first request with this `external_message_id`, once it has one.
+    async fn repeat(&self, first: PbxEvent) -> Result<PbxWebhookResponse, ApiError> {
+        let deadline = tokio::time::Instant::now() + self.pending_wait;
+        let mut event = first;
+        while event.status_code == 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(ApiError::internal("the first request with this external_message_id is still running"));
+            }
+            tokio::time::sleep(PENDING_POLL).await;
+            let external = event.external_message_id.clone().unwrap_or_default();
+            match self.store.pbx_event_by_external_id(event.integration_id, &external).await? {
+                Some(e) => event = e,
+                // The first request failed unexpectedly and gave the id back.
+                None => return Err(ApiError::internal("the first request with this external_message_id failed")),
+            }
+        }
+        let stored = event.response.as_deref().unwrap_or("{}");
+        if event.status_code == 200 {
+            serde_json::from_str(stored).map_err(|e| ApiError::internal(format!("stored PBX answer: {e}")))
+        } else {
+            let body: ErrorBody =
+                serde_json::from_str(stored).map_err(|e| ApiError::internal(format!("stored PBX answer: {e}")))?;
+            Err(ApiError::from_stored(event.status_code as u16, body))
+        }
+    }
+}
+
+/// A validated phone or the payload error naming `field`.
+fn required_phone(field: &'static str, value: &Option<String>) -> Result<String, ApiError> {
+    let raw = value.as_deref().map(str::trim).filter(|s| !s.is_empty());
+    let raw = raw.ok_or_else(|| payload_error(field, format!("{field} is required for this event")))?;
+    phone::normalize(raw)
+        .map(|p| p.e164)
+        .ok_or_else(|| payload_error(field, format!("{field} is not a valid number in international format")))
+}
+
+/// The body parser answers a wrong field type with 422; the PBX contract says 400.
+fn as_payload_error(e: ApiError) -> ApiError {
+    if e.status.as_u16() == 422 { ApiError { status: dropshot::ErrorStatusCode::BAD_REQUEST, ..e } } else { e }
+}
+
+/// The log row of an answered event.
+fn outcome_row(base: &PbxEvent, action: &str, result: Result<&PbxWebhookResponse, &ApiError>) -> PbxEvent {
+    match result {
+        Ok(r) => PbxEvent {
+            action: action.to_string(),
+            status_code: 200,
+            message_id: r.message_id.clone(),
+            response: serde_json::to_string(r).ok(),
+            ..base.clone()
+        },
+        Err(e) => PbxEvent {
+            action: "refused".into(),
+            status_code: i64::from(e.status.as_u16()),
+            error_code: Some(e.code.to_string()),
+            response: serde_json::to_string(&e.body()).ok(),
+            ..base.clone()
+        },
+    }
+}
