@@ -144,7 +144,7 @@ fn spawn_pruner(store: Store, pbx_retention_ms: i64, log: Logger) -> JoinHandle<
                 Ok(_) => {}
                 Err(e) => warn!(log, "pruning limit counters failed"; "error" => %e),
             }
-            match store.prune_pbx(pbx_retention_ms).await {
+            match store.prune_pbx(2 * pbx::auth::TOLERANCE_SECONDS * 1000, pbx_retention_ms).await {
                 Ok(n) if n > 0 => info!(log, "pruned PBX rows"; "rows" => n),
                 Ok(_) => {}
                 Err(e) => warn!(log, "pruning PBX rows failed"; "error" => %e),

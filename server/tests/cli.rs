@@ -115,3 +115,74 @@ fn demo_is_idempotent_and_prints_a_working_tenant() {
     let customer = cli.ok(&["customer", "show", first["customer_id"].as_str().unwrap()]);
     assert_eq!((customer["plan"].as_str(), customer["plan_status"].as_str()), (Some("starter"), Some("active")));
 }
+
+#[test]
+fn pbx_commands_create_show_template_set_rotate_and_list() {
+    let cli = Cli::new();
+    let customer = cli.ok(&["customer", "create", "--name", "Clinic", "--plan", "starter"]);
+    let id = customer["id"].as_str().unwrap();
+    cli.ok(&["instance", "create", "--customer", id, "--name", "front-desk", "--connected"]);
+    let created =
+        cli.ok(&["pbx", "create", "--customer", id, "--instance", "front-desk", "--hmac", "--business-name", "Clinic"]);
+    let pbx = created["integration_id"].as_i64().unwrap().to_string();
+    let secret = created["webhook_secret"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("pbx_"));
+    assert!(created["hmac_secret"].as_str().unwrap().starts_with("pbxsig_"));
+    assert_eq!(created["webhook_path"], format!("/integrations/pbx/webhook/{pbx}"));
+    let shown = cli.ok(&["pbx", "show", &pbx]);
+    assert_eq!((shown["hmac"].as_bool(), shown["business_name"].as_str()), (Some(true), Some("Clinic")));
+    assert_eq!((shown["rate_per_minute"].as_i64(), shown["burst"].as_i64()), (Some(60), Some(20)));
+    assert_eq!(shown["cooldown_seconds"], 900);
+    let text = shown.to_string();
+    assert!(!text.contains(&secret) && !text.contains(created["hmac_secret"].as_str().unwrap()), "never shown twice");
+    let templated = cli.ok(&[
+        "pbx",
+        "template",
+        "set",
+        "--integration",
+        &pbx,
+        "--event",
+        "missed_call",
+        "--text",
+        "{{business_name}}: we missed your call, we will ring {{customer_phone}} back",
+    ]);
+    assert_eq!(templated["templates"][0]["event_type"], "missed_call");
+    assert_eq!(templated["templates"][0]["purpose"], "support");
+    let (ok, err) =
+        cli.run(&["pbx", "template", "set", "--integration", &pbx, "--event", "missed_call", "--text", "{{nope}}"]);
+    assert!(!ok && err["error"].as_str().unwrap().contains("unknown placeholder"));
+    let (ok, _) = cli.run(&["pbx", "template", "set", "--integration", &pbx, "--event", "test", "--text", "x"]);
+    assert!(!ok, "test events take no template");
+    let set = cli.ok(&[
+        "pbx",
+        "set",
+        "--integration",
+        &pbx,
+        "--rate-per-minute",
+        "120",
+        "--burst",
+        "5",
+        "--cooldown-minutes",
+        "30",
+        "--strict-window-hours",
+        "24",
+        "--ip-allowlist",
+        "10.0.0.0/8",
+    ]);
+    assert_eq!((set["rate_per_minute"].as_i64(), set["burst"].as_i64()), (Some(120), Some(5)));
+    assert_eq!((set["cooldown_seconds"].as_i64(), set["strict_window_hours"].as_i64()), (Some(1800), Some(24)));
+    assert_eq!(set["ip_allowlist"], "10.0.0.0/8");
+    let cleared = cli.ok(&["pbx", "set", "--integration", &pbx, "--no-strict-window", "--no-ip-allowlist"]);
+    assert_eq!((cleared["strict_window_hours"].clone(), cleared["ip_allowlist"].clone()), (Value::Null, Value::Null));
+    let (ok, err) = cli.run(&["pbx", "set", "--integration", &pbx, "--ip-allowlist", "not-an-address"]);
+    assert!(!ok && err["error"].as_str().unwrap().contains("not an IP address"));
+    let rotated = cli.ok(&["pbx", "rotate-secret", "--integration", &pbx]);
+    assert_ne!(rotated["webhook_secret"].as_str().unwrap(), secret);
+    assert!(rotated.get("hmac_secret").is_none());
+    assert_eq!(cli.ok(&["pbx", "show", &pbx])["hmac"], true, "rotating the webhook secret keeps signing on");
+    let removed = cli.ok(&["pbx", "template", "remove", "--integration", &pbx, "--event", "missed_call"]);
+    assert_eq!(removed["removed"], true);
+    assert_eq!(cli.ok(&["pbx", "events", "--integration", &pbx])["events"], serde_json::json!([]));
+    let (ok, _) = cli.run(&["pbx", "create", "--customer", id, "--instance", "no-such-instance"]);
+    assert!(!ok);
+}

@@ -113,8 +113,14 @@ fn mac(key: &str, timestamp: &str, body: &[u8]) -> Hmac<Sha256> {
 }
 
 /// Checks timestamp and signature when HMAC signing is configured; returns the
-/// verified signature (lower-case hex) to remember for the replay check.
-pub fn check_signature(headers: &HeaderMap, key: &str, body: &[u8], now_seconds: i64) -> Result<String, AuthFailure> {
+/// verified signature (lower-case hex) and its timestamp, to remember for the replay
+/// check.
+pub fn check_signature(
+    headers: &HeaderMap,
+    key: &str,
+    body: &[u8],
+    now_seconds: i64,
+) -> Result<(String, i64), AuthFailure> {
     let timestamp = single(headers, TIMESTAMP_HEADER).filter(|s| !s.is_empty()).ok_or(AuthFailure::MissingTimestamp)?;
     if timestamp.is_empty() || timestamp.len() > 12 || !timestamp.bytes().all(|b| b.is_ascii_digit()) {
         return Err(AuthFailure::BadTimestamp);
@@ -131,7 +137,7 @@ pub fn check_signature(headers: &HeaderMap, key: &str, body: &[u8], now_seconds:
     };
     let presented = hex::decode(hex_part).map_err(|_| AuthFailure::BadSignature)?;
     mac(key, &timestamp, body).verify_slice(&presented).map_err(|_| AuthFailure::BadSignature)?;
-    Ok(hex::encode(presented))
+    Ok((hex::encode(presented), seconds))
 }
 
 /// Parses an allowlist of addresses and CIDR blocks separated by commas or spaces.
@@ -202,12 +208,12 @@ mod tests {
         let sig = sign("key", &ts, body);
         let check = |pairs: &[(&str, &str)], now: i64| check_signature(&headers(pairs), "key", body, now);
         let prefixed = format!("sha256={sig}");
-        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &prefixed)], now), Ok(sig.clone()));
-        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &sig)], now), Ok(sig.clone()));
+        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &prefixed)], now), Ok((sig.clone(), now)));
+        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &sig)], now), Ok((sig.clone(), now)));
         let upper = sig.to_uppercase();
-        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &upper)], now), Ok(sig.clone()));
-        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &sig)], now + 300), Ok(sig.clone()));
-        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &sig)], now - 300), Ok(sig.clone()));
+        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &upper)], now), Ok((sig.clone(), now)));
+        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &sig)], now + 300), Ok((sig.clone(), now)));
+        assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &sig)], now - 300), Ok((sig.clone(), now)));
         let stale = Err(AuthFailure::StaleTimestamp);
         assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &sig)], now + 301), stale);
         assert_eq!(check(&[(TIMESTAMP_HEADER, &ts), (SIGNATURE_HEADER, &sig)], now - 301), stale);

@@ -25,7 +25,7 @@ use crate::store::{Admission, PbxAdmit, PbxEvent, PbxIntegration, RateCheck, Sto
 use auth::AuthFailure;
 use gateway_api::{ApiError, ErrorBody, MessagePurpose, PbxEventType, PbxWebhookRequest, PbxWebhookResponse};
 use http::HeaderMap;
-use slog::{Logger, error, info, warn};
+use slog::{Logger, debug, error, info, warn};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -113,8 +113,8 @@ impl Webhook<'_> {
         };
         let mut admit = PbxAdmit {
             integration_id: integration.id,
-            signature: signature.clone(),
-            signature_expires_at: now + 2 * auth::TOLERANCE_SECONDS * 1000,
+            signature: signature.as_ref().map(|(s, _)| s.clone()),
+            signature_ts: signature.as_ref().map_or(0, |(_, ts)| *ts),
             rate: None,
             log: None,
         };
@@ -129,7 +129,7 @@ impl Webhook<'_> {
             }
             Ok(plan) => plan,
         };
-        admit.rate = Some(self.rate_check(&integration, now));
+        admit.rate = Some(self.rate_check(&integration));
         let response = |action: &str, message_id: Option<String>| PbxWebhookResponse {
             success: true,
             status: "processed".into(),
@@ -152,7 +152,8 @@ impl Webhook<'_> {
         }
         let outgoing = match plan {
             Plan::Respond(action) => {
-                info!(log, "pbx event"; "event_type" => &event_name, "action" => action);
+                // The event's row in pbx_events is its record; Dropshot logs the request.
+                debug!(log, "pbx event"; "event_type" => &event_name, "action" => action);
                 return Ok(response(action, None));
             }
             Plan::Send(outgoing) => outgoing,
@@ -202,12 +203,13 @@ impl Webhook<'_> {
         result
     }
 
-    /// The integration and, with HMAC on, the verified signature; or why not.
+    /// The integration and, with HMAC on, the verified signature and its timestamp; or
+    /// why not.
     async fn authenticate(
         &self,
         req: &WebhookRequest<'_>,
         now: i64,
-    ) -> Result<Result<(PbxIntegration, Option<String>), AuthFailure>, ApiError> {
+    ) -> Result<Result<(PbxIntegration, Option<(String, i64)>), AuthFailure>, ApiError> {
         let id = req.integration_id;
         if id.is_empty() || id.len() > 18 || !id.bytes().all(|b| b.is_ascii_digit()) {
             return Ok(Err(AuthFailure::MalformedId));
@@ -316,13 +318,12 @@ impl Webhook<'_> {
         Ok(plan)
     }
 
-    fn rate_check(&self, integration: &PbxIntegration, now: i64) -> RateCheck {
+    fn rate_check(&self, integration: &PbxIntegration) -> RateCheck {
         let per_minute = integration.rate_per_minute.unwrap_or(self.settings.rate_per_minute).max(1);
         let burst = integration.burst.unwrap_or(self.settings.burst).max(1);
         let interval_ms = 60_000 / per_minute;
         RateCheck {
             key: format!("pbx:{}", integration.id),
-            now,
             interval_ms,
             tolerance_ms: interval_ms.saturating_mul(burst - 1),
         }

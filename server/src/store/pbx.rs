@@ -137,11 +137,13 @@ pub(super) fn event_values(e: &PbxEvent) -> Vec<SqlValue> {
 }
 
 /// One GCRA check: allowed when the theoretical arrival time is at most `tolerance_ms`
-/// ahead of `now`; an allowed request moves it `interval_ms` on.
+/// ahead of now; an allowed request moves it `interval_ms` on. "Now" is read where the
+/// write runs (the SQLite writer thread; PostgreSQL's `clock_timestamp()`), so the
+/// writes of one limiter see a clock that never goes back, and replicas on one
+/// PostgreSQL share one clock.
 #[derive(Clone, Debug)]
 pub struct RateCheck {
     pub key: String,
-    pub now: i64,
     pub interval_ms: i64,
     pub tolerance_ms: i64,
 }
@@ -150,9 +152,10 @@ pub struct RateCheck {
 #[derive(Clone, Debug)]
 pub struct PbxAdmit {
     pub integration_id: i64,
-    /// A verified signature to remember until `signature_expires_at` (HMAC on).
+    /// A verified signature to remember (HMAC on), with the timestamp it signs (Unix
+    /// seconds).
     pub signature: Option<String>,
-    pub signature_expires_at: i64,
+    pub signature_ts: i64,
     /// The rate limit, when the request reached that step.
     pub rate: Option<RateCheck>,
     /// The event's log row when it is final at admission (no send); written as
@@ -179,8 +182,8 @@ pub(super) const RATE_SQL: &str = "INSERT INTO rate_limits (key, tat, expires_at
        expires_at = (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) + $3 \
      WHERE (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) - $2 <= $4 \
      RETURNING tat";
-pub(super) const SEEN_SQL: &str = "INSERT INTO pbx_seen_signatures (integration_id, signature, expires_at) VALUES ($1, $2, $3) \
-     ON CONFLICT (integration_id, signature) DO NOTHING";
+pub(super) const SEEN_SQL: &str = "INSERT INTO pbx_seen_signatures (ts, integration_id, signature) \
+     VALUES ($1, $2, $3) ON CONFLICT (ts, integration_id, signature) DO NOTHING";
 pub(super) const TAT_SQL: &str = "SELECT tat FROM rate_limits WHERE key = $1";
 
 /// Changes to an integration's settings; `None` leaves a setting as it is.
@@ -493,13 +496,14 @@ impl Store {
         Ok(at.map(|a| a.0))
     }
 
-    /// Deletes expired signatures, cooldowns and limiter rows, and events older than
-    /// `event_retention_ms`; returns how many rows.
-    pub async fn prune_pbx(&self, event_retention_ms: i64) -> Result<u64, StoreError> {
+    /// Deletes signatures older than `replay_window_ms` (a replay of one would fail
+    /// the timestamp check anyway), expired cooldowns and limiter rows, and events
+    /// older than `event_retention_ms`; returns how many rows.
+    pub async fn prune_pbx(&self, replay_window_ms: i64, event_retention_ms: i64) -> Result<u64, StoreError> {
         let now = now_ms();
         let mut rows = 0;
         for (sql, at) in [
-            ("DELETE FROM pbx_seen_signatures WHERE expires_at < $1", now),
+            ("DELETE FROM pbx_seen_signatures WHERE ts < $1", (now - replay_window_ms).div_euclid(1000)),
             ("DELETE FROM pbx_cooldowns WHERE until_at < $1", now),
             ("DELETE FROM rate_limits WHERE expires_at < $1", now),
             ("DELETE FROM pbx_events WHERE created_at < $1", now - event_retention_ms),

@@ -254,9 +254,9 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
         bind_dollar(
             &mut stmt,
             &[
+                SqlValue::Integer(a.signature_ts),
                 SqlValue::Integer(a.integration_id),
                 SqlValue::Text(signature.clone()),
-                SqlValue::Integer(a.signature_expires_at),
             ],
         )?;
         if stmt.raw_execute()? == 0 {
@@ -265,12 +265,13 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
     }
     let mut rate_limited_for_ms = None;
     if let Some(rate) = &a.rate {
+        let now = super::now_ms();
         let mut stmt = tx.prepare_cached(RATE_SQL)?;
         bind_dollar(
             &mut stmt,
             &[
                 SqlValue::Text(rate.key.clone()),
-                SqlValue::Integer(rate.now),
+                SqlValue::Integer(now),
                 SqlValue::Integer(rate.interval_ms),
                 SqlValue::Integer(rate.tolerance_ms),
             ],
@@ -278,7 +279,7 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
         let allowed = stmt.raw_query().next()?.is_some();
         if !allowed {
             let tat: i64 = tx.prepare_cached(TAT_SQL)?.query_row([&rate.key], |row| row.get(0))?;
-            rate_limited_for_ms = Some(tat - rate.now - rate.tolerance_ms);
+            rate_limited_for_ms = Some(tat - now - rate.tolerance_ms);
         }
     }
     let mut log_id = None;
@@ -408,11 +409,12 @@ fn op_json(op: &WriteOp) -> serde_json::Value {
                     "response": l.response, "created_at": l.created_at,
                 })
             });
-            let rate = a.rate.as_ref().map(|r| {
-                serde_json::json!({"key": r.key, "now": r.now, "interval": r.interval_ms, "tolerance": r.tolerance_ms})
-            });
+            let rate = a
+                .rate
+                .as_ref()
+                .map(|r| serde_json::json!({"key": r.key, "interval": r.interval_ms, "tolerance": r.tolerance_ms}));
             serde_json::json!({"integration_id": a.integration_id, "signature": a.signature,
-                               "signature_expires_at": a.signature_expires_at, "rate": rate, "log": log})
+                               "signature_ts": a.signature_ts, "rate": rate, "log": log})
         }
     }
 }

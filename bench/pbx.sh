@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Load benchmark of the PBX webhook: signed `test` events (secret header, timestamp,
+# HMAC-SHA256 signature, each signature used once), on SQLite and PostgreSQL, against
+# the bare Dropshot JSON echo of bench/run.sh, in the same run.
+#
+#   bench/pbx.sh            # needs wrk (apt-get install wrk) and python3
+#
+# wrk, 1 thread, 32 connections, DURATION seconds (closed loop). The requests are
+# signed beforehand by python3 (hmac, hashlib) with fresh timestamps, one distinct body
+# each, so the server does its full work for every one: integration lookup, secret,
+# signature, replay record, rate-limit token (the limit is raised out of the way) and
+# the event's log row.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-10}
+COUNT=${COUNT:-600000}
+PG_ADMIN=${PG_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}
+cargo build --release -q -p gateway-server --bin gateway --example echo
+BIN=target/release
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+
+wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+
+echo "### echo (bare Dropshot JSON POST)"
+"$BIN/examples/echo" 127.0.0.1:18081 "$work/echo.log" & wait_port 18081
+python3 - "$work/echo.lua" <<'PY'
+import sys
+open(sys.argv[1], "w").write('wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+    'wrk.body = \'{"event_type":"test","conversation_id":"c000000001"}\'\n')
+PY
+wrk -t1 -c32 -d${DURATION}s --latency -s "$work/echo.lua" http://127.0.0.1:18081/echo \
+  | grep -E "Requests/sec|^ +(50|99)%|Non-2xx|Socket errors"
+kill %1; wait %1 2>/dev/null || true
+
+run_gateway() { # name database_url port
+  local name=$1 db=$2 port=$3
+  local out cus pbx
+  out=$("$BIN/gateway" --database-url "$db" demo)
+  cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
+  "$BIN/gateway" --database-url "$db" customer modules --customer "$cus" --pbx on >/dev/null
+  pbx=$("$BIN/gateway" --database-url "$db" pbx create --customer "$cus" --instance demo --hmac)
+  local id secret key
+  id=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["integration_id"])')
+  secret=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["webhook_secret"])')
+  key=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["hmac_secret"])')
+  "$BIN/gateway" --database-url "$db" pbx set --integration "$id" --rate-per-minute 1000000000 \
+    --burst 1000000000 >/dev/null
+  python3 - "$work/requests.txt" "$key" "$COUNT" <<'PY'
+import hashlib, hmac, sys, time
+path, key, count = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+ts = str(int(time.time()))
+with open(path, "w") as f:
+    for i in range(count):
+        body = '{"event_type":"test","conversation_id":"c%09d"}' % i
+        sig = hmac.new(key, (ts + "." + body).encode(), hashlib.sha256).hexdigest()
+        f.write(f"{ts} {sig} {body}\n")
+PY
+  GATEWAY_LOG_FILE="$work/$name.log" "$BIN/gateway" --database-url "$db" serve --listen 127.0.0.1:$port &
+  wait_port $port
+  echo "### PBX signed test events, $name"
+  REQUESTS="$work/requests.txt" SECRET="$secret" INTEGRATION="$id" \
+    wrk -t1 -c32 -d${DURATION}s --latency -s bench/pbx.lua "http://127.0.0.1:$port" \
+    | grep -E "Requests/sec|^ +(50|99)%|Non-2xx|Socket errors"
+  kill %1; wait %1 2>/dev/null || true
+}
+
+run_gateway sqlite "sqlite://$work/bench.db?mode=rwc" 18082
+[ -n "${SQLITE_ONLY:-}" ] || psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" -c "CREATE DATABASE gw_bench" >/dev/null
+[ -n "${SQLITE_ONLY:-}" ] || run_gateway postgres "${PG_ADMIN%/*}/gw_bench" 18083
+psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" >/dev/null
