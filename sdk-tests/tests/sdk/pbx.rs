@@ -419,6 +419,25 @@ async fn the_rate_limit_allows_the_burst_then_429_with_retry_after() {
 }
 
 #[tokio::test]
+async fn a_limit_raised_out_of_the_way_refuses_nothing_under_concurrency() {
+    // At a rate so high that the interval is 0 ms, the limiter has no tolerance at
+    // all: only a clock that never goes back between its writes lets every request
+    // through (requests stamped before a later one was written must not be refused).
+    let cx = TestContext::new("pbx_rate_unlimited").await;
+    let pbx = integration(&cx, false).await;
+    let update = PbxSettingsUpdate {
+        rate_per_minute: Some(Some(1_000_000_000)),
+        burst: Some(Some(1_000_000_000)),
+        ..Default::default()
+    };
+    ops::update_pbx(cx.store(), pbx.id, &update).await.unwrap();
+    let test = json!({"event_type": "test"});
+    let answers = futures::future::join_all((0..200).map(|_| event(&cx, &pbx, &test))).await;
+    assert!(answers.iter().all(|(status, _)| *status == 200), "{:?}", answers.iter().find(|a| a.0 != 200));
+    cx.teardown().await;
+}
+
+#[tokio::test]
 async fn two_gateways_on_one_store_share_the_rate_limit() {
     let cx = TestContext::new("pbx_rate_replicas").await;
     let pbx = integration(&cx, true).await;
