@@ -68,24 +68,15 @@ impl<T: DeserializeOwned> JsonBody<T> {
 
     async fn read(self) -> Result<BytesMut, ApiError> {
         let cap = self.limit;
-        let too_large = || {
-            ApiError::new(413, "payload_too_large", format!("request body is larger than {cap} bytes"))
-                .with_detail("limit_bytes", cap as u64)
-        };
         if self.declared_length.is_some_and(|n| n > cap + MAX_DRAIN) {
-            return Err(too_large());
+            return Err(too_large(cap));
         }
         let mut over = self.declared_length.is_some_and(|n| n > cap);
         let mut buf = BytesMut::with_capacity(self.declared_length.unwrap_or(1024).min(cap));
         let mut seen = 0usize;
         let mut body = self.body;
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| {
-                ApiError::new(400, "invalid_json", "request body could not be read").with_internal(e.to_string())
-            })?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
+        while let Some(data) = next_data(&mut body).await {
+            let data = data?;
             seen += data.len();
             if over || seen > cap {
                 over = true;
@@ -97,9 +88,33 @@ impl<T: DeserializeOwned> JsonBody<T> {
             buf.put(data);
         }
         if over {
-            return Err(too_large());
+            return Err(too_large(cap));
         }
         Ok(buf)
+    }
+}
+
+/// 413 `payload_too_large` for a body over `cap` bytes.
+fn too_large(cap: usize) -> ApiError {
+    ApiError::new(413, "payload_too_large", format!("request body is larger than {cap} bytes"))
+        .with_detail("limit_bytes", cap as u64)
+}
+
+/// The next data frame of a body (trailers are skipped); `None` at its end.
+async fn next_data(body: &mut dropshot::Body) -> Option<Result<bytes::Bytes, ApiError>> {
+    loop {
+        match body.frame().await? {
+            Err(e) => {
+                return Some(Err(
+                    ApiError::new(400, "invalid_json", "request body could not be read").with_internal(e.to_string())
+                ));
+            }
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    return Some(Ok(data));
+                }
+            }
+        }
     }
 }
 
@@ -301,25 +316,15 @@ impl PbxBody {
     /// Reads the whole body, or 413 `payload_too_large` as soon as it passes the limit.
     pub async fn read(&mut self) -> Result<bytes::Bytes, ApiError> {
         let cap = self.limit;
-        let too_large = || {
-            ApiError::new(413, "payload_too_large", format!("request body is larger than {cap} bytes"))
-                .with_detail("limit_bytes", cap as u64)
-        };
         if self.declared_length.is_some_and(|n| n > cap) {
-            return Err(too_large());
+            return Err(too_large(cap));
         }
         let mut buf = BytesMut::with_capacity(self.declared_length.unwrap_or(1024).min(cap));
-        let body = std::mem::replace(&mut self.body, dropshot::Body::empty());
-        let mut body = body;
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| {
-                ApiError::new(400, "invalid_json", "request body could not be read").with_internal(e.to_string())
-            })?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
+        let mut body = std::mem::replace(&mut self.body, dropshot::Body::empty());
+        while let Some(data) = next_data(&mut body).await {
+            let data = data?;
             if buf.len() + data.len() > cap {
-                return Err(too_large());
+                return Err(too_large(cap));
             }
             buf.put(data);
         }
