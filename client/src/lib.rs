@@ -94,3 +94,17 @@ impl ErrorExt for Error<types::ErrorBody> {
         }
     }
 }
+
+/// Typed bodies of the 16 webhook events, generated from `openapi/events.schema.json`.
+///
+/// Pick the type by the `X-Gateway-Event` header (or the body's `event` field):
+/// `message.sent` is [`events::MessageSent`], `recipient.opted_out` is
+/// [`events::RecipientOptedOut`], and so on. Unknown fields are accepted, so a newer
+/// gateway that adds one does not break an older receiver.
+#[allow(clippy::all, unused_imports, dead_code, missing_docs)]
+pub mod events {
+    include!(concat!(env!("OUT_DIR"), "/events.rs"));
+}
+
+mod webhook;
+pub use webhook::{SignatureError, sign_for_tests, verify_signature, verify_signature_at};

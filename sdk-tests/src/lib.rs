@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 pub use gateway_client;
 
+pub mod receiver;
+
 /// A tenant of the test gateway.
 #[derive(Clone, Debug)]
 pub struct Tenant {

@@ -49,6 +49,51 @@ pub struct Config {
     pub media: MediaLimits,
     /// PBX webhook defaults (each integration may override the rate and cooldown).
     pub pbx: PbxSettings,
+    /// Customer webhook delivery.
+    pub webhooks: WebhookSettings,
+}
+
+/// Delivery of customer webhooks (DESIGN.md: attempts after 0 s, 5 s, 5 min, 30 min,
+/// 2 h, 5 h, 10 h, 10 h with ±20 % jitter; 15 s timeout; disabled after 5 days of
+/// failures).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookSettings {
+    /// Whether this process delivers (an API-only replica may leave it to others).
+    #[serde(deserialize_with = "flexible_bool")]
+    pub dispatch: bool,
+    /// Delay before each attempt, in milliseconds; its length is the number of attempts.
+    pub schedule_ms: Vec<u64>,
+    /// Each delay varies by up to this fraction either way.
+    pub jitter: f64,
+    /// How long an endpoint has to answer.
+    pub timeout_ms: u64,
+    /// Deliveries in flight at once (per process).
+    pub concurrency: usize,
+    /// How often the dispatcher looks for due events when it found none.
+    pub poll_interval_ms: u64,
+    /// An endpoint with only failures for this long is disabled.
+    pub disable_after_hours: i64,
+    /// Days the attempt log (and finished events) are kept.
+    pub retention_days: i64,
+    /// How long a shutdown waits for deliveries in flight.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for WebhookSettings {
+    fn default() -> Self {
+        WebhookSettings {
+            dispatch: true,
+            schedule_ms: vec![0, 5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000],
+            jitter: 0.2,
+            timeout_ms: 15_000,
+            concurrency: 64,
+            poll_interval_ms: 200,
+            disable_after_hours: 120,
+            retention_days: 30,
+            shutdown_grace_ms: 20_000,
+        }
+    }
 }
 
 /// Defaults of the PBX webhook (DESIGN.md: 60 a minute with a burst of 20; a 15-minute
@@ -133,6 +178,7 @@ impl Default for Config {
             plans: Plans::default(),
             media: MediaLimits::default(),
             pbx: PbxSettings::default(),
+            webhooks: WebhookSettings::default(),
         }
     }
 }
@@ -273,6 +319,16 @@ impl Config {
 fn env_value(value: &str) -> toml::Value {
     if let Ok(n) = value.parse::<i64>() {
         return toml::Value::Integer(n);
+    }
+    if let Ok(x) = value.parse::<f64>() {
+        return toml::Value::Float(x);
+    }
+    // An array in TOML syntax, e.g. GATEWAY_WEBHOOKS__SCHEDULE_MS="[0, 5000]".
+    if value.trim_start().starts_with('[')
+        && let Ok(mut table) = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        && let Some(array) = table.remove("v")
+    {
+        return array;
     }
     match value {
         "true" => toml::Value::Boolean(true),

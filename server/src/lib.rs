@@ -16,6 +16,7 @@ pub mod policy;
 pub mod provider;
 pub mod send;
 pub mod store;
+pub mod webhooks;
 
 use config::Config;
 use dropshot::{
@@ -63,6 +64,7 @@ pub struct RunningServer {
     http: dropshot::HttpServer<Arc<http::AppState>>,
     store: Store,
     workers: Vec<JoinHandle<()>>,
+    dispatcher: Option<webhooks::DispatcherHandle>,
     log: Logger,
 }
 
@@ -80,6 +82,9 @@ impl RunningServer {
     /// Stops accepting, lets requests in flight finish, stops workers, closes the store.
     pub async fn close(self) -> Result<(), String> {
         let result = self.http.close().await;
+        if let Some(dispatcher) = self.dispatcher {
+            dispatcher.shutdown().await;
+        }
         for worker in &self.workers {
             worker.abort();
         }
@@ -125,16 +130,32 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         .config(dropshot_config)
         .start()
         .map_err(|e| StartError::Http(e.to_string()))?;
-    let retention_ms = config.pbx.event_retention_days.max(1) * 24 * 3_600_000;
-    let workers = vec![spawn_pruner(store.clone(), retention_ms, log.new(slog::o!("component" => "store")))];
+    let day_ms = 24 * 3_600_000;
+    let retention = Retention {
+        pbx_events_ms: config.pbx.event_retention_days.max(1) * day_ms,
+        webhook_attempts_ms: config.webhooks.retention_days.max(1) * day_ms,
+    };
+    let workers = vec![spawn_pruner(store.clone(), retention, log.new(slog::o!("component" => "store")))];
+    let dispatcher = config.webhooks.dispatch.then(|| {
+        let log = log.new(slog::o!("component" => "webhooks"));
+        webhooks::Dispatcher::new(store.clone(), config.webhooks.clone(), config.allow_loopback_targets, log).spawn()
+    });
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
           "provider" => &config.provider);
-    Ok(RunningServer { http, store, workers, log })
+    Ok(RunningServer { http, store, workers, dispatcher, log })
 }
 
-/// Every ten minutes deletes limit counters whose window is over, and expired PBX
-/// signatures, cooldowns, rate limiters and events past their retention.
-fn spawn_pruner(store: Store, pbx_retention_ms: i64, log: Logger) -> JoinHandle<()> {
+/// How long records are kept.
+#[derive(Clone, Copy)]
+struct Retention {
+    pbx_events_ms: i64,
+    webhook_attempts_ms: i64,
+}
+
+/// Every ten minutes deletes limit counters whose window is over, expired PBX
+/// signatures, cooldowns and rate limiters, and PBX events, webhook attempts and
+/// finished outbox events past their retention.
+fn spawn_pruner(store: Store, retention: Retention, log: Logger) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(600));
         loop {
@@ -144,10 +165,15 @@ fn spawn_pruner(store: Store, pbx_retention_ms: i64, log: Logger) -> JoinHandle<
                 Ok(_) => {}
                 Err(e) => warn!(log, "pruning limit counters failed"; "error" => %e),
             }
-            match store.prune_pbx(2 * pbx::auth::TOLERANCE_SECONDS * 1000, pbx_retention_ms).await {
+            match store.prune_pbx(2 * pbx::auth::TOLERANCE_SECONDS * 1000, retention.pbx_events_ms).await {
                 Ok(n) if n > 0 => info!(log, "pruned PBX rows"; "rows" => n),
                 Ok(_) => {}
                 Err(e) => warn!(log, "pruning PBX rows failed"; "error" => %e),
+            }
+            match store.prune_webhooks(retention.webhook_attempts_ms).await {
+                Ok(n) if n > 0 => info!(log, "pruned webhook attempts and finished events"; "rows" => n),
+                Ok(_) => {}
+                Err(e) => warn!(log, "pruning webhook rows failed"; "error" => %e),
             }
         }
     })

@@ -8,6 +8,7 @@ mod limits;
 mod pbx;
 mod sending;
 mod store;
+mod webhooks;
 
 use gateway_client::types::{ErrorBody, MessagePurpose, SendMessageRequest, SendMessageResponse};
 use gateway_client::{Error, ErrorExt};

@@ -12,6 +12,7 @@
 mod body;
 mod contract;
 mod error;
+pub mod events;
 mod types;
 
 pub use body::{JsonBody, PbxBody, is_json_content_type, parse_json};

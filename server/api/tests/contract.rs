@@ -34,6 +34,28 @@ fn committed_contract_matches_the_api_trait() {
 }
 
 #[test]
+fn committed_events_schema_matches_the_event_types() {
+    let generated = gateway_api::events::events_schema();
+    let path = repo_file("openapi/events.schema.json");
+    if std::env::var_os("UPDATE_OPENAPI").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "openapi/events.schema.json differs from the event types in server/api/src/events.rs; if the change \
+         is intended, rerun with UPDATE_OPENAPI=1 and review git diff"
+    );
+    let doc: serde_json::Value = serde_json::from_str(&committed).unwrap();
+    assert_eq!(doc["x-event-types"].as_object().unwrap().len(), 16);
+    assert_eq!(
+        doc["definitions"]["MessageSent"]["required"],
+        serde_json::json!(["event", "instance_id", "instance_name", "message_purpose", "timestamp", "to"])
+    );
+}
+
+#[test]
 fn contract_is_openapi_303_version_100() {
     let doc: serde_json::Value = serde_json::from_str(&gateway_api::openapi_document()).unwrap();
     assert_eq!(doc["openapi"], "3.0.3");

@@ -75,6 +75,76 @@ enum Command {
         #[command(subcommand)]
         command: PbxCommand,
     },
+    /// Customer webhooks: where an instance's events are delivered.
+    Webhook {
+        #[command(subcommand)]
+        command: WebhookCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum WebhookCommand {
+    /// Set an instance's destination and events (https; http only to loopback with
+    /// GATEWAY_ALLOW_LOOPBACK_TARGETS=1). A new endpoint gets a generated signing
+    /// secret, printed once; an existing one keeps its secret unless --secret or
+    /// --unsigned says otherwise. Re-enables a disabled endpoint.
+    Set {
+        #[arg(long)]
+        instance: String,
+        #[arg(long)]
+        url: String,
+        /// Comma-separated event names, or `all`.
+        #[arg(long)]
+        events: String,
+        /// Use this signing secret (at least 16 characters).
+        #[arg(long, conflicts_with = "unsigned")]
+        secret: Option<String>,
+        /// Deliver without X-Gateway-Signature.
+        #[arg(long)]
+        unsigned: bool,
+    },
+    /// Show an instance's endpoint (never its secret).
+    Show {
+        #[arg(long)]
+        instance: String,
+    },
+    /// Replace the signing secret; the previous one keeps signing for 24 hours.
+    RotateSecret {
+        #[arg(long)]
+        instance: String,
+    },
+    /// Re-enable a disabled endpoint.
+    Enable {
+        #[arg(long)]
+        instance: String,
+    },
+    /// The latest delivery attempts, newest first.
+    Attempts {
+        #[arg(long)]
+        instance: String,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Deliver one event again now (one attempt; the schedule is not restarted).
+    Resend {
+        /// The event's id (`X-Gateway-Event-Id` without `evt_`).
+        #[arg(long)]
+        event: i64,
+    },
+    /// Deliver again, with a fresh schedule, every event since a time that was not
+    /// delivered (failed, 410, or skipped while the endpoint was disabled).
+    Recover {
+        #[arg(long)]
+        instance: String,
+        /// RFC 3339 time or Unix seconds.
+        #[arg(long)]
+        since: String,
+    },
+    /// Send a `webhook.test` event to the endpoint now.
+    Test {
+        #[arg(long)]
+        instance: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -359,6 +429,49 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<Val
             }
         },
         Command::Pbx { command } => pbx(store, config, command).await?,
+        Command::Webhook { command } => webhook(store, config, command).await?,
+    })
+}
+
+fn since_arg(raw: &str) -> Result<i64> {
+    if let Ok(seconds) = raw.trim().parse::<i64>() {
+        return Ok(seconds * 1000);
+    }
+    let at = chrono::DateTime::parse_from_rfc3339(raw.trim()).with_context(|| format!("{raw:?} is not a time"))?;
+    Ok(at.timestamp_millis())
+}
+
+async fn webhook(store: &Store, config: &Config, command: WebhookCommand) -> Result<Value> {
+    let show = |instance: String| async move {
+        let endpoint =
+            store.webhook(&instance).await?.with_context(|| format!("instance {instance} has no webhook"))?;
+        anyhow::Ok(ops::webhook_json(&endpoint))
+    };
+    Ok(match command {
+        WebhookCommand::Set { instance, url, events, secret, unsigned } => {
+            let choice = match (secret, unsigned) {
+                (Some(s), _) => ops::SecretChoice::Given(s),
+                (None, true) => ops::SecretChoice::None,
+                (None, false) => ops::SecretChoice::Keep,
+            };
+            ops::set_webhook(store, config, &instance, &url, &events, choice).await?
+        }
+        WebhookCommand::Show { instance } => show(instance).await?,
+        WebhookCommand::RotateSecret { instance } => ops::rotate_webhook_secret(store, &instance).await?,
+        WebhookCommand::Enable { instance } => {
+            store.enable_webhook(&instance).await?;
+            show(instance).await?
+        }
+        WebhookCommand::Attempts { instance, limit } => {
+            let attempts = store.recent_attempts(&instance, limit.clamp(1, 1000)).await?;
+            json!({"instance_id": instance, "attempts": attempts.iter().map(ops::attempt_json).collect::<Vec<_>>()})
+        }
+        WebhookCommand::Resend { event } => ops::webhook_attempt_now(store, config, None, Some(event)).await?,
+        WebhookCommand::Recover { instance, since } => {
+            let recovered = store.recover_events(&instance, since_arg(&since)?).await?;
+            json!({"instance_id": instance, "recovered": recovered})
+        }
+        WebhookCommand::Test { instance } => ops::webhook_attempt_now(store, config, Some(&instance), None).await?,
     })
 }
 

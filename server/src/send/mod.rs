@@ -20,7 +20,7 @@ use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance}
 use crate::store::{
     Customer, Instance, LimitHit, LogEntry, OutboxEvent, PlanStatus, Reservation, Store, StoreError, now_ms,
 };
-use gateway_api::{MediaType, SendMessageRequest};
+use gateway_api::{MediaType, SendMessageRequest, events};
 use media::Media;
 use phone::Phone;
 use std::sync::Arc;
@@ -191,8 +191,9 @@ impl Sender {
                 entry.decision = "allowed".into();
                 entry.status = "sent".into();
                 entry.provider_message_id = Some(receipt.message_id.clone());
-                let event = self.event(&attempt, "message.sent", now, |body| {
-                    body.insert("message_id".into(), receipt.message_id.clone().into());
+                let event = self.event(&attempt, now, events::MessageSent::NAME, |base, to, message_purpose| {
+                    let message_id = Some(receipt.message_id.clone());
+                    serde_json::to_value(events::MessageSent { base, to, message_purpose, message_id })
                 });
                 let log_id = self.store.record_attempt(&entry, event.as_ref()).await?;
                 Ok(Sent {
@@ -211,8 +212,9 @@ impl Sender {
                 entry.error_code = Some("gateway_send_failed".into());
                 entry.policy = Some("gateway/provider".into());
                 entry.reason = Some(error.to_string());
-                let event = self.event(&attempt, "message.failed", now, |body| {
-                    body.insert("error".into(), error.code().into());
+                let event = self.event(&attempt, now, events::MessageFailed::NAME, |base, to, message_purpose| {
+                    let error = error.code().to_string();
+                    serde_json::to_value(events::MessageFailed { base, to, message_purpose, error })
                 });
                 self.store.record_attempt(&entry, event.as_ref()).await?;
                 released?;
@@ -422,29 +424,31 @@ impl Sender {
         ]
     }
 
+    /// The outbox event of an attempt that reached the provider: the typed body (see
+    /// `gateway_api::events`) built from the base fields, recipient and purpose.
     fn event(
         &self,
         a: &Attempt<'_>,
-        event_type: &str,
         now: i64,
-        extra: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+        name: &str,
+        body: impl FnOnce(events::EventBase, String, String) -> serde_json::Result<serde_json::Value>,
     ) -> Option<OutboxEvent> {
         let instance = a.instance.as_ref()?;
         let checked = a.checked.as_ref()?;
-        let timestamp = chrono::DateTime::from_timestamp_millis(now).unwrap_or_default().to_rfc3339();
-        let mut body = serde_json::Map::new();
-        body.insert("event".into(), event_type.into());
-        body.insert("instance_id".into(), instance.id.clone().into());
-        body.insert("instance_name".into(), instance.name.clone().into());
-        body.insert("timestamp".into(), timestamp.into());
-        body.insert("to".into(), checked.phone.e164.clone().into());
-        body.insert("message_purpose".into(), checked.purpose.clone().into());
-        extra(&mut body);
+        let timestamp = chrono::DateTime::from_timestamp_millis(now).unwrap_or_default();
+        let timestamp = timestamp.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let base = events::EventBase {
+            event: name.to_string(),
+            instance_id: instance.id.clone(),
+            instance_name: instance.name.clone(),
+            timestamp,
+        };
+        let payload = body(base, checked.phone.e164.clone(), checked.purpose.clone()).ok()?;
         Some(OutboxEvent {
             customer_id: a.input.customer_id.clone(),
             instance_id: Some(instance.id.clone()),
-            event_type: event_type.to_string(),
-            payload: serde_json::Value::Object(body),
+            event_type: name.to_string(),
+            payload,
             created_at: now,
         })
     }

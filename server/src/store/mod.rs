@@ -18,6 +18,7 @@ mod customers;
 mod keys;
 mod messages;
 mod pbx;
+mod webhooks;
 mod writer;
 
 pub use counters::{LimitHit, Reservation};
@@ -25,6 +26,7 @@ pub use customers::{Customer, Instance, LimitOverrides, PlanStatus, SendContext}
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent};
 pub use pbx::{Admission, PbxAdmit, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate, RateCheck};
+pub use webhooks::{ClaimedEvent, EndpointChange, EventState, WebhookAttempt, WebhookEndpoint};
 
 use rusqlite::types::Value as SqlValue;
 use sqlx::any::{AnyPoolOptions, AnyRow, install_default_drivers};

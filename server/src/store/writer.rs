@@ -37,10 +37,35 @@ type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// One write of the send path.
 pub(super) enum WriteOp {
-    Reserve { reservations: Vec<Reservation>, reply: Reply<Result<(), LimitHit>> },
-    Release { reservations: Vec<Reservation>, reply: Reply<()> },
-    Record { entry: Box<LogEntry>, event: Option<Box<OutboxEvent>>, reply: Reply<i64> },
-    PbxAdmit { admit: Box<PbxAdmit>, reply: Reply<Admission> },
+    Reserve {
+        reservations: Vec<Reservation>,
+        reply: Reply<Result<(), LimitHit>>,
+    },
+    Release {
+        reservations: Vec<Reservation>,
+        reply: Reply<()>,
+    },
+    Record {
+        entry: Box<LogEntry>,
+        event: Option<Box<OutboxEvent>>,
+        reply: Reply<i64>,
+    },
+    PbxAdmit {
+        admit: Box<PbxAdmit>,
+        reply: Reply<Admission>,
+    },
+    /// Plain statements run in order inside the batch; answers rows affected by each.
+    Exec {
+        statements: Vec<Statement>,
+        reply: Reply<Vec<u64>>,
+    },
+}
+
+/// One statement of an `Exec` write: SQL with `$n` parameters and their values.
+#[derive(Clone, Debug)]
+pub(super) struct Statement {
+    pub sql: &'static str,
+    pub params: Vec<SqlValue>,
 }
 
 /// The result of one write, held until the batch commits.
@@ -49,6 +74,7 @@ enum Done {
     Release,
     Record(i64),
     PbxAdmit(Admission),
+    Exec(Vec<u64>),
 }
 
 const RELEASE_SQL: &str =
@@ -122,6 +148,8 @@ fn answer(op: WriteOp, result: Result<Done, StoreError>) {
         (WriteOp::Record { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (WriteOp::PbxAdmit { reply, .. }, Ok(Done::PbxAdmit(a))) => drop(reply.send(Ok(a))),
         (WriteOp::PbxAdmit { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
+        (WriteOp::Exec { reply, .. }, Ok(Done::Exec(rows))) => drop(reply.send(Ok(rows))),
+        (WriteOp::Exec { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (_, Ok(_)) => unreachable!("each write yields its own kind of result"),
     }
 }
@@ -205,6 +233,15 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &[WriteOp]) -> Result<Ve
                 Done::Record(id)
             }
             WriteOp::PbxAdmit { admit, .. } => Done::PbxAdmit(sqlite_pbx_admit(&tx, admit)?),
+            WriteOp::Exec { statements, .. } => {
+                let mut rows = Vec::with_capacity(statements.len());
+                for st in statements {
+                    let mut stmt = tx.prepare_cached(st.sql)?;
+                    bind_dollar(&mut stmt, &st.params)?;
+                    rows.push(stmt.raw_execute()? as u64);
+                }
+                Done::Exec(rows)
+            }
         });
     }
     tx.commit()?;
@@ -341,28 +378,51 @@ pub(super) fn spawn_sqlx(pool: AnyPool, log: Option<slog::Logger>) -> mpsc::Send
 /// Runs a batch on PostgreSQL: one call of `gateway_write_batch` (migration 0002),
 /// which applies the writes in order in the statement's own transaction.
 /// PBX admissions go to `gateway_pbx_admit` (migration 0003) in the same statement.
+/// `Exec` writes run after that statement, in order, in the same transaction.
 async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, StoreError> {
     let is_pbx = |op: &&WriteOp| matches!(op, WriteOp::PbxAdmit { .. });
-    let ops: Vec<serde_json::Value> = batch.iter().filter(|op| !is_pbx(op)).map(op_json).collect();
+    let is_exec = |op: &&WriteOp| matches!(op, WriteOp::Exec { .. });
+    let ops: Vec<serde_json::Value> = batch.iter().filter(|op| !is_pbx(op) && !is_exec(op)).map(op_json).collect();
     let pbx: Vec<serde_json::Value> = batch.iter().filter(is_pbx).map(op_json).collect();
-    let row = sqlx::query("SELECT gateway_write_batch($1::jsonb)::text AS r, gateway_pbx_admit($2::jsonb)::text AS p")
-        .bind(serde_json::Value::Array(ops).to_string())
-        .bind(serde_json::Value::Array(pbx).to_string())
-        .fetch_one(pool)
-        .await?;
-    let parse = |column: &str| -> Result<Vec<serde_json::Value>, StoreError> {
-        let text: String = row.try_get(column)?;
-        serde_json::from_str(&text).map_err(|e| StoreError::Conflict(format!("write batch answer: {e}")))
+    // Without `Exec` writes the batch is one statement: one round trip, its own
+    // transaction. With them, a transaction around that statement and theirs.
+    let mut tx = if batch.iter().any(|op| is_exec(&op)) { Some(pool.begin().await?) } else { None };
+    let (mut results, mut pbx_results) = if ops.is_empty() && pbx.is_empty() {
+        (Vec::new().into_iter(), Vec::new().into_iter())
+    } else {
+        let query =
+            sqlx::query("SELECT gateway_write_batch($1::jsonb)::text AS r, gateway_pbx_admit($2::jsonb)::text AS p")
+                .bind(serde_json::Value::Array(ops).to_string())
+                .bind(serde_json::Value::Array(pbx).to_string());
+        let row = match tx.as_mut() {
+            Some(tx) => query.fetch_one(&mut **tx).await?,
+            None => query.fetch_one(pool).await?,
+        };
+        let parse = |column: &str| -> Result<Vec<serde_json::Value>, StoreError> {
+            let text: String = row.try_get(column)?;
+            serde_json::from_str(&text).map_err(|e| StoreError::Conflict(format!("write batch answer: {e}")))
+        };
+        (parse("r")?.into_iter(), parse("p")?.into_iter())
     };
-    let (mut results, mut pbx_results) = (parse("r")?.into_iter(), parse("p")?.into_iter());
-    batch
-        .iter()
-        .map(|op| {
-            let r = if is_pbx(&op) { pbx_results.next() } else { results.next() };
-            let r = r.ok_or_else(|| StoreError::Conflict("write batch answered fewer writes".into()))?;
-            done_from_json(op, &r)
-        })
-        .collect()
+    let mut done = Vec::with_capacity(batch.len());
+    for op in batch {
+        if let (WriteOp::Exec { statements, .. }, Some(tx)) = (op, tx.as_mut()) {
+            let mut rows = Vec::with_capacity(statements.len());
+            for st in statements {
+                let result = super::bind_all(sqlx::query(st.sql), st.params.clone()).execute(&mut **tx).await?;
+                rows.push(result.rows_affected());
+            }
+            done.push(Done::Exec(rows));
+            continue;
+        }
+        let r = if is_pbx(&op) { pbx_results.next() } else { results.next() };
+        let r = r.ok_or_else(|| StoreError::Conflict("write batch answered fewer writes".into()))?;
+        done.push(done_from_json(op, &r)?);
+    }
+    if let Some(tx) = tx {
+        tx.commit().await?;
+    }
+    Ok(done)
 }
 
 fn reservations_json(rs: &[Reservation]) -> serde_json::Value {
@@ -416,6 +476,7 @@ fn op_json(op: &WriteOp) -> serde_json::Value {
             serde_json::json!({"integration_id": a.integration_id, "signature": a.signature,
                                "signature_ts": a.signature_ts, "rate": rate, "log": log})
         }
+        WriteOp::Exec { .. } => serde_json::Value::Null,
     }
 }
 
@@ -434,6 +495,7 @@ fn done_from_json(op: &WriteOp, r: &serde_json::Value) -> Result<Done, StoreErro
             rate_limited_for_ms: r["rate_limited_for_ms"].as_i64(),
             log_id: r["log_id"].as_i64(),
         }),
+        WriteOp::Exec { .. } => return Err(bad()),
     })
 }
 

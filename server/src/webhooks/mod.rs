@@ -1,0 +1,447 @@
+//! Customer webhooks: the dispatcher that delivers the outbox, signed, retried, logged.
+//!
+//! Every event is written to the outbox in the transaction of the change that causes
+//! it, so nothing is lost between "stored" and "queued": there is no queue. Workers
+//! claim due rows with a lease ([`Store::claim_events`]), deliver each to its
+//! instance's endpoint, and record the attempt together with the event's next state
+//! ([`Store::finish_attempt`]). At least once: an event is retried until a 2xx or the
+//! end of the schedule; a crash after a delivery but before its record repeats it, and
+//! the stable `X-Gateway-Event-Id` lets the receiver drop the repeat.
+//!
+//! Policy (DESIGN.md): attempts after 0 s, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h,
+//! each ±20 %; 15 s to answer; only 2xx is success; redirects are never followed; 410
+//! disables the endpoint; 429 and 503 honour `Retry-After` within [d, 2d]; an endpoint
+//! with only failures for 5 days is disabled (its owner sees why; an operator log line
+//! says so). Every connect goes through the SSRF guard (`net::ssrf`): the host is
+//! resolved by [`GuardedResolver`], which refuses private, loopback, link-local, CGNAT,
+//! multicast, documentation and metadata addresses, and the client connects to the
+//! addresses it checked (no second lookup).
+
+pub mod schedule;
+
+use crate::config::WebhookSettings;
+use crate::net::ssrf;
+use crate::store::{ClaimedEvent, EndpointChange, EventState, Store, WebhookAttempt, WebhookEndpoint, now_ms};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use slog::{Logger, debug, error, info, warn};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+/// How much of a response body the attempt log keeps.
+pub const RESPONSE_LOG_BYTES: usize = 4096;
+/// How long the previous secret keeps signing after a rotation.
+pub const ROTATION_OVERLAP_MS: i64 = 24 * 3_600_000;
+
+/// Resolves names for the webhook client and refuses any that resolve to a refused
+/// address; the client then connects only to the addresses checked here.
+#[derive(Clone, Debug)]
+pub struct GuardedResolver {
+    pub allow_loopback: bool,
+}
+
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let allow_loopback = self.allow_loopback;
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+            let ips: Vec<_> = addrs.iter().map(SocketAddr::ip).collect();
+            ssrf::check_addresses(&ips, allow_loopback)?;
+            let addrs: reqwest::dns::Addrs = Box::new(addrs.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// The HTTP client of deliveries: no redirects, no proxy, the guarded resolver.
+pub fn http_client(settings: &WebhookSettings, allow_loopback: bool) -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .dns_resolver(Arc::new(GuardedResolver { allow_loopback }))
+        .timeout(Duration::from_millis(settings.timeout_ms))
+        .connect_timeout(Duration::from_millis(settings.timeout_ms.min(10_000)))
+        .user_agent(concat!("gateway-webhooks/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .expect("the webhook client builds")
+}
+
+/// Hex HMAC-SHA256 of `timestamp.body` under `secret`.
+pub fn sign(secret: &str, timestamp: &str, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes any key length");
+    mac.update(timestamp.as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// `X-Gateway-Signature`: `sha256=<hex>` per signing secret, newest first.
+pub fn signature_header(secrets: &[&str], timestamp: &str, body: &[u8]) -> Option<String> {
+    let parts: Vec<String> = secrets.iter().map(|s| format!("sha256={}", sign(s, timestamp, body))).collect();
+    (!parts.is_empty()).then(|| parts.join(","))
+}
+
+/// A new signing secret: `whsec_` and 43 base62 characters.
+pub fn new_secret() -> String {
+    format!("whsec_{}", crate::apikey::random_base62(43))
+}
+
+/// Checks a destination when it is saved: https (http only to loopback with the
+/// development flag), resolvable, every address allowed.
+pub async fn check_url(url: &str, allow_loopback: bool) -> Result<(), ssrf::SsrfError> {
+    ssrf::resolve(url, allow_loopback).await.map(|_| ())
+}
+
+/// What one HTTP attempt gave.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub status: Option<u16>,
+    pub latency_ms: i64,
+    pub body: Option<String>,
+    pub error: Option<String>,
+    pub retry_after: Option<Duration>,
+}
+
+impl Outcome {
+    pub fn succeeded(&self) -> bool {
+        self.status.is_some_and(|s| (200..300).contains(&s))
+    }
+}
+
+/// Posts `body` to `endpoint` with the gateway's headers; never follows a redirect.
+pub async fn post(
+    client: &reqwest::Client,
+    endpoint: &WebhookEndpoint,
+    event_type: &str,
+    event_id: &str,
+    body: &[u8],
+    allow_loopback: bool,
+) -> Outcome {
+    let started = Instant::now();
+    let now = now_ms();
+    let timestamp = now.div_euclid(1000).to_string();
+    let mut outcome = Outcome::default();
+    // The form and literal addresses are checked here; names by the resolver at connect.
+    if let Err(e) = ssrf::check_form(&endpoint.url, allow_loopback).and_then(|url| match url.host() {
+        Some(url::Host::Ipv4(ip)) => ssrf::check_addresses(&[ip.into()], allow_loopback),
+        Some(url::Host::Ipv6(ip)) => ssrf::check_addresses(&[ip.into()], allow_loopback),
+        _ => Ok(()),
+    }) {
+        outcome.error = Some(format!("refused by the SSRF guard: {e}"));
+        return outcome;
+    }
+    let mut request = client
+        .post(&endpoint.url)
+        .header("content-type", "application/json")
+        .header("x-gateway-event", event_type)
+        .header("x-gateway-event-id", event_id)
+        .header("x-gateway-timestamp", &timestamp);
+    if let Some(signature) = signature_header(&endpoint.signing_secrets(now), &timestamp, body) {
+        request = request.header("x-gateway-signature", signature);
+    }
+    match request.body(body.to_vec()).send().await {
+        Ok(mut response) => {
+            outcome.status = Some(response.status().as_u16());
+            outcome.retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(schedule::parse_retry_after);
+            let mut kept = Vec::new();
+            loop {
+                match response.chunk().await {
+                    Ok(Some(chunk)) => {
+                        let room = RESPONSE_LOG_BYTES.saturating_sub(kept.len());
+                        kept.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                        if kept.len() >= RESPONSE_LOG_BYTES {
+                            break;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        outcome.error = Some(describe(&e));
+                        break;
+                    }
+                }
+            }
+            outcome.body = Some(String::from_utf8_lossy(&kept).into_owned());
+        }
+        Err(e) => outcome.error = Some(describe(&e)),
+    }
+    outcome.latency_ms = started.elapsed().as_millis() as i64;
+    outcome
+}
+
+/// A transport error in a few words (for the attempt log and the owner).
+fn describe(e: &reqwest::Error) -> String {
+    let mut text = if e.is_timeout() {
+        "timed out".to_string()
+    } else if e.is_connect() {
+        "could not connect".to_string()
+    } else if e.is_body() || e.is_decode() {
+        "the response could not be read".to_string()
+    } else {
+        "request failed".to_string()
+    };
+    let mut source = std::error::Error::source(e);
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text.chars().take(500).collect()
+}
+
+/// The dispatcher of one process.
+pub struct Dispatcher {
+    store: Store,
+    client: reqwest::Client,
+    settings: WebhookSettings,
+    allow_loopback: bool,
+    log: Logger,
+}
+
+/// A running dispatcher; [`DispatcherHandle::shutdown`] stops it gracefully.
+pub struct DispatcherHandle {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DispatcherHandle {
+    /// Stops claiming, lets deliveries in flight finish within the grace period, and
+    /// gives back the claims of those that did not.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+impl Dispatcher {
+    pub fn new(store: Store, settings: WebhookSettings, allow_loopback: bool, log: Logger) -> Arc<Dispatcher> {
+        let client = http_client(&settings, allow_loopback);
+        Arc::new(Dispatcher { store, client, settings, allow_loopback, log })
+    }
+
+    /// Starts the claim loop.
+    pub fn spawn(self: Arc<Self>) -> DispatcherHandle {
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(self.run(stopped));
+        DispatcherHandle { stop, task }
+    }
+
+    async fn run(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {
+        let concurrency = self.settings.concurrency.max(1);
+        let permits = Arc::new(Semaphore::new(concurrency));
+        let mut in_flight: JoinSet<i64> = JoinSet::new();
+        let lease_ms = self.settings.timeout_ms as i64 + 30_000;
+        let poll = Duration::from_millis(self.settings.poll_interval_ms.max(10));
+        info!(self.log, "webhook dispatcher started"; "concurrency" => concurrency);
+        loop {
+            if *stopped.borrow() {
+                break;
+            }
+            while in_flight.try_join_next().is_some() {}
+            let free = permits.available_permits();
+            if free == 0 {
+                tokio::select! {
+                    _ = in_flight.join_next() => {}
+                    _ = stopped.changed() => {}
+                }
+                continue;
+            }
+            let now = now_ms();
+            let claimed = match self.store.claim_events(now, now + lease_ms, free as i64).await {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    error!(self.log, "claiming webhook events failed"; "error" => %e);
+                    Vec::new()
+                }
+            };
+            if claimed.is_empty() {
+                tokio::select! {
+                    _ = tokio::time::sleep(poll) => {}
+                    _ = stopped.changed() => {}
+                }
+                continue;
+            }
+            for event in claimed {
+                let permit = permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+                let this = self.clone();
+                in_flight.spawn(async move {
+                    let id = event.id;
+                    this.deliver(event).await;
+                    drop(permit);
+                    id
+                });
+            }
+        }
+        // Graceful shutdown: finish what is in flight, within the grace period.
+        let grace = Duration::from_millis(self.settings.shutdown_grace_ms);
+        let finished = tokio::time::timeout(grace, async { while in_flight.join_next().await.is_some() {} }).await;
+        if finished.is_err() {
+            in_flight.abort_all();
+            warn!(
+                self.log,
+                "webhook deliveries still running at shutdown were stopped; their claims end with \
+                             their lease and they are retried"
+            );
+        }
+        info!(self.log, "webhook dispatcher stopped");
+    }
+
+    /// Delivers one claimed event (scheduled attempt) and records the result.
+    async fn deliver(&self, event: ClaimedEvent) {
+        if let Err(e) = self.deliver_inner(&event).await {
+            // The claim ends with its lease; the event is tried again then.
+            error!(self.log, "recording a webhook attempt failed"; "event_id" => event.id, "error" => %e);
+        }
+    }
+
+    async fn deliver_inner(&self, event: &ClaimedEvent) -> Result<(), crate::store::StoreError> {
+        let endpoint = match &event.instance_id {
+            Some(instance) => self.store.webhook(instance).await?,
+            None => None,
+        };
+        let skip = match &endpoint {
+            None => Some("skipped_no_endpoint"),
+            Some(e) if e.disabled_at.is_some() => Some("skipped_disabled"),
+            Some(e) if !e.wants(&event.event_type) => Some("skipped_not_subscribed"),
+            Some(_) => None,
+        };
+        let (Some(endpoint), None) = (endpoint, skip) else {
+            let outcome = skip.unwrap_or("skipped_no_endpoint");
+            return self
+                .store
+                .finish_attempt(Some(event.id), None, EventState::Done(outcome), EndpointChange::None)
+                .await;
+        };
+        let attempt_number = event.attempts + 1;
+        let result = post(
+            &self.client,
+            &endpoint,
+            &event.event_type,
+            &event_id(event.id),
+            event.payload.as_bytes(),
+            self.allow_loopback,
+        )
+        .await;
+        let now = now_ms();
+        let succeeded = result.succeeded();
+        let disable_after_ms = self.settings.disable_after_hours.max(0) * 3_600_000;
+        let (state, change) = if succeeded {
+            (EventState::Done("delivered"), EndpointChange::Succeeded)
+        } else if result.status == Some(410) {
+            (EventState::Done("gone"), EndpointChange::Disable("the endpoint answered 410 Gone".into()))
+        } else {
+            let next = schedule::next_delay(
+                &self.settings.schedule_ms,
+                attempt_number as usize,
+                self.settings.jitter,
+                rand::random::<f64>() * 2.0 - 1.0,
+                result.retry_after.filter(|_| matches!(result.status, Some(429 | 503))),
+            );
+            let state = match next {
+                Some(delay) => EventState::Retry { at: now + delay.as_millis() as i64 },
+                None => EventState::Done("failed"),
+            };
+            let failing_for = endpoint.failing_since.map(|since| now - since);
+            let change = match failing_for {
+                Some(ms) if ms >= disable_after_ms => EndpointChange::Disable(format!(
+                    "every delivery failed for {} hours",
+                    self.settings.disable_after_hours
+                )),
+                _ => EndpointChange::Failed,
+            };
+            (state, change)
+        };
+        if let EndpointChange::Disable(reason) = &change {
+            warn!(self.log, "webhook endpoint disabled"; "instance_id" => &endpoint.instance_id,
+                  "customer_id" => &endpoint.customer_id, "reason" => reason);
+        }
+        debug!(self.log, "webhook attempt"; "event_id" => event.id, "status" => result.status,
+               "succeeded" => succeeded, "latency_ms" => result.latency_ms);
+        let attempt = attempt_row(event, &endpoint, "scheduled", attempt_number, &result);
+        self.store.finish_attempt(Some(event.id), Some(&attempt), state, change).await
+    }
+}
+
+/// The stable id of an event, the same on every attempt (`X-Gateway-Event-Id`).
+pub fn event_id(outbox_id: i64) -> String {
+    format!("evt_{outbox_id}")
+}
+
+fn attempt_row(
+    event: &ClaimedEvent,
+    endpoint: &WebhookEndpoint,
+    trigger: &str,
+    attempt: i64,
+    result: &Outcome,
+) -> WebhookAttempt {
+    WebhookAttempt {
+        outbox_id: (event.id > 0).then_some(event.id),
+        customer_id: endpoint.customer_id.clone(),
+        instance_id: endpoint.instance_id.clone(),
+        event_type: event.event_type.clone(),
+        url: endpoint.url.clone(),
+        trigger: trigger.to_string(),
+        attempt,
+        attempted_at: now_ms() - result.latency_ms,
+        status_code: result.status.map(i64::from),
+        latency_ms: result.latency_ms,
+        response_body: result.body.clone(),
+        error: result.error.clone(),
+        succeeded: result.succeeded(),
+        ..WebhookAttempt::default()
+    }
+}
+
+/// One attempt outside the schedule: a manual resend of an event (`manual`), or a test
+/// event (`test`, `event` with id 0). The attempt is logged; a successful resend of an
+/// undelivered event marks it delivered. A resend never reschedules.
+pub async fn deliver_once(
+    store: &Store,
+    client: &reqwest::Client,
+    endpoint: &WebhookEndpoint,
+    event: &ClaimedEvent,
+    trigger: &str,
+    allow_loopback: bool,
+) -> Result<WebhookAttempt, crate::store::StoreError> {
+    let id = if event.id > 0 { event_id(event.id) } else { format!("evt_test_{}", uuid::Uuid::new_v4().simple()) };
+    let result = post(client, endpoint, &event.event_type, &id, event.payload.as_bytes(), allow_loopback).await;
+    let attempt = attempt_row(event, endpoint, trigger, event.attempts + 1, &result);
+    let state = if result.succeeded() && event.id > 0 && event.outcome.as_deref() != Some("delivered") {
+        EventState::Done("delivered")
+    } else {
+        EventState::Unchanged
+    };
+    let change = if result.succeeded() { EndpointChange::Succeeded } else { EndpointChange::None };
+    store.finish_attempt((event.id > 0).then_some(event.id), Some(&attempt), state, change).await?;
+    Ok(attempt)
+}
+
+/// The body of a test event for an endpoint.
+pub fn test_event(endpoint: &WebhookEndpoint) -> ClaimedEvent {
+    let now = now_ms();
+    let timestamp = chrono::DateTime::from_timestamp_millis(now).unwrap_or_default();
+    let payload = serde_json::json!({
+        "event": "webhook.test",
+        "instance_id": endpoint.instance_id,
+        "instance_name": endpoint.instance_name,
+        "timestamp": timestamp.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "test": true,
+    });
+    ClaimedEvent {
+        id: 0,
+        customer_id: endpoint.customer_id.clone(),
+        instance_id: Some(endpoint.instance_id.clone()),
+        event_type: "webhook.test".into(),
+        payload: payload.to_string(),
+        attempts: 0,
+        created_at: now,
+        delivered_at: None,
+        outcome: None,
+    }
+}
