@@ -18,11 +18,18 @@ impl Cli {
 
     /// Runs `gateway --database-url URL args...`; returns (success, stdout JSON or stderr JSON).
     fn run(&self, args: &[&str]) -> (bool, Value) {
+        self.run_with_env(args, &[])
+    }
+
+    /// `run` with extra environment variables.
+    fn run_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> (bool, Value) {
         let out = Command::new(env!("CARGO_BIN_EXE_gateway"))
             .arg("--database-url")
             .arg(&self.url)
             .args(args)
             .env_remove("GATEWAY_DATABASE_URL")
+            .env_remove("GATEWAY_ALLOW_LOOPBACK_TARGETS")
+            .envs(env.iter().copied())
             .output()
             .expect("gateway runs");
         let text = if out.status.success() { out.stdout } else { out.stderr };
@@ -33,7 +40,11 @@ impl Cli {
     }
 
     fn ok(&self, args: &[&str]) -> Value {
-        let (ok, json) = self.run(args);
+        self.ok_with_env(args, &[])
+    }
+
+    fn ok_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Value {
+        let (ok, json) = self.run_with_env(args, env);
         assert!(ok, "{args:?} failed: {json}");
         json
     }
@@ -185,4 +196,48 @@ fn pbx_commands_create_show_template_set_rotate_and_list() {
     assert_eq!(cli.ok(&["pbx", "events", "--integration", &pbx])["events"], serde_json::json!([]));
     let (ok, _) = cli.run(&["pbx", "create", "--customer", id, "--instance", "no-such-instance"]);
     assert!(!ok);
+}
+
+#[test]
+fn webhook_commands_set_show_rotate_attempts_and_refuse_bad_input() {
+    let cli = Cli::new();
+    let customer = cli.ok(&["customer", "create", "--name", "Shop", "--plan", "starter"]);
+    let id = customer["id"].as_str().unwrap();
+    let instance = cli.ok(&["instance", "create", "--customer", id, "--name", "main", "--connected"]);
+    let instance = instance["id"].as_str().unwrap();
+    // http to loopback needs the development flag.
+    let set =
+        ["webhook", "set", "--instance", instance, "--url", "http://127.0.0.1:9/hook", "--events", "message.sent"];
+    let (ok, err) = cli.run(&set);
+    assert!(!ok && err["error"].as_str().unwrap().contains("refused"), "{err}");
+    let created = cli.ok_with_env(&set, &[("GATEWAY_ALLOW_LOOPBACK_TARGETS", "1")]);
+    let secret = created["secret"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("whsec_"));
+    assert_eq!((created["signed"].as_bool(), created["enabled"].as_bool()), (Some(true), Some(true)));
+    let shown = cli.ok(&["webhook", "show", "--instance", instance]);
+    assert_eq!(shown["events"], serde_json::json!(["message.sent"]));
+    assert!(!shown.to_string().contains(&secret), "never shown twice");
+    // Setting again keeps the secret (and does not print it).
+    let again = cli.ok_with_env(
+        &["webhook", "set", "--instance", instance, "--url", "http://127.0.0.1:9/other", "--events", "all"],
+        &[("GATEWAY_ALLOW_LOOPBACK_TARGETS", "1")],
+    );
+    assert!(again.get("secret").is_none());
+    assert_eq!(again["events"].as_array().unwrap().len(), 16);
+    let rotated = cli.ok(&["webhook", "rotate-secret", "--instance", instance]);
+    assert_ne!(rotated["secret"].as_str().unwrap(), secret);
+    assert!(rotated["previous_secret_signs_until"].is_string());
+    let (ok, err) = cli.run_with_env(
+        &["webhook", "set", "--instance", instance, "--url", "http://127.0.0.1:9/", "--events", "message.sent,nope"],
+        &[("GATEWAY_ALLOW_LOOPBACK_TARGETS", "1")],
+    );
+    assert!(!ok && err["error"].as_str().unwrap().contains("not an event"));
+    let (ok, _) = cli.run(&["webhook", "set", "--instance", instance, "--url", "https://10.0.0.1/", "--events", "all"]);
+    assert!(!ok, "a private address is refused");
+    assert_eq!(cli.ok(&["webhook", "attempts", "--instance", instance])["attempts"], serde_json::json!([]));
+    assert_eq!(
+        cli.ok(&["webhook", "recover", "--instance", instance, "--since", "2026-01-01T00:00:00Z"])["recovered"],
+        0
+    );
+    assert_eq!(cli.ok(&["webhook", "enable", "--instance", instance])["enabled"], true);
 }

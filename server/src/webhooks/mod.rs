@@ -445,3 +445,58 @@ pub fn test_event(endpoint: &WebhookEndpoint) -> ClaimedEvent {
         outcome: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::dns::Resolve;
+
+    fn endpoint(secret: Option<&str>, previous: Option<(&str, i64)>) -> WebhookEndpoint {
+        WebhookEndpoint {
+            instance_id: "ins_1".into(),
+            instance_name: "main".into(),
+            customer_id: "cus_1".into(),
+            url: "https://example.com/hook".into(),
+            events: vec!["message.sent".into()],
+            secret: secret.map(str::to_string),
+            previous_secret: previous.map(|(s, _)| s.to_string()),
+            previous_secret_until: previous.map(|(_, t)| t),
+            disabled_at: None,
+            disabled_reason: None,
+            failing_since: None,
+            created_at: 0,
+            updated_at: 0,
+        }
+    }
+
+    #[test]
+    fn the_previous_secret_signs_only_during_its_overlap() {
+        let e = endpoint(Some("new"), Some(("old", 1_000)));
+        assert_eq!(e.signing_secrets(999), ["new", "old"]);
+        assert_eq!(e.signing_secrets(1_000), ["new"]);
+        assert!(endpoint(None, None).signing_secrets(0).is_empty());
+        let header = signature_header(&["new", "old"], "1700000000", b"{}").unwrap();
+        assert_eq!(
+            header,
+            format!("sha256={},sha256={}", sign("new", "1700000000", b"{}"), sign("old", "1700000000", b"{}"))
+        );
+        assert_eq!(signature_header(&[], "1", b""), None);
+        // python3 -c 'import hmac,hashlib; print(hmac.new(b"whsec_test", b"1700000000.{}", hashlib.sha256).hexdigest())'
+        assert_eq!(
+            sign("whsec_test", "1700000000", b"{}"),
+            "35495024f4ef3f94e5a93e22221544c4b75e9a42300cd965ab81cb85cd994e91"
+        );
+    }
+
+    /// The connect path: a name that resolves to loopback is refused by the resolver the
+    /// client uses, unless the development flag allows loopback.
+    #[tokio::test]
+    async fn the_resolver_refuses_names_that_resolve_to_loopback() {
+        let name = |n: &str| n.parse::<reqwest::dns::Name>().unwrap();
+        let refused = GuardedResolver { allow_loopback: false }.resolve(name("localhost")).await;
+        let error = refused.err().expect("localhost is refused").to_string();
+        assert!(error.contains("refused address"), "{error}");
+        let allowed = GuardedResolver { allow_loopback: true }.resolve(name("localhost")).await;
+        assert!(allowed.unwrap().all(|a| a.ip().is_loopback()));
+    }
+}

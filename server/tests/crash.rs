@@ -1,0 +1,88 @@
+//! Nothing acknowledged is lost: events written by a gateway that is killed (SIGKILL)
+//! before its first delivery attempt are delivered by the next one.
+
+use gateway_sdk_tests::receiver::Receiver;
+use serde_json::Value;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+fn gateway(url: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
+    command.arg("--database-url").arg(url).args(args).env_remove("GATEWAY_DATABASE_URL");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command
+}
+
+fn run_json(mut command: Command) -> Value {
+    let out = command.output().expect("gateway runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+async fn serve(url: &str, port: u16, log: &std::path::Path, dispatch: &str) -> Child {
+    let listen = format!("127.0.0.1:{port}");
+    let log = log.display().to_string();
+    let env = [
+        ("GATEWAY_ALLOW_LOOPBACK_TARGETS", "1"),
+        ("GATEWAY_WEBHOOKS__DISPATCH", dispatch),
+        ("GATEWAY_WEBHOOKS__POLL_INTERVAL_MS", "20"),
+        ("GATEWAY_LOG_FILE", log.as_str()),
+    ];
+    let child = gateway(url, &["serve", "--listen", &listen], &env).stdout(Stdio::null()).spawn().unwrap();
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(&listen).await.is_ok() {
+            return child;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the gateway did not start");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn events_written_before_a_kill_are_delivered_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("crash.db").display());
+    let receiver = Receiver::start().await;
+    let demo = run_json(gateway(&url, &["demo"], &[]));
+    let (key, instance) = (demo["api_key"].as_str().unwrap(), demo["instance_id"].as_str().unwrap());
+    let hook = receiver.url("/hook");
+    let set = ["webhook", "set", "--instance", instance, "--url", &hook, "--events", "all", "--unsigned"];
+    run_json(gateway(&url, &set, &[("GATEWAY_ALLOW_LOOPBACK_TARGETS", "1")]));
+
+    // First life: an API-only process (it never attempts a delivery) accepts sends.
+    let port = free_port();
+    let mut first = serve(&url, port, &dir.path().join("first.log"), "false").await;
+    let http = reqwest::Client::new();
+    for i in 0..5 {
+        let body = serde_json::json!({"instance_id": "demo", "phone": format!("+1415555{:04}", 3000 + i),
+                                      "message_purpose": "transactional", "message": "Your code is 123456"});
+        let r = http
+            .post(format!("http://127.0.0.1:{port}/api/send-message"))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    first.kill().unwrap(); // SIGKILL: no shutdown of any kind
+    first.wait().unwrap();
+    assert!(receiver.received().is_empty(), "nothing was delivered before the kill");
+
+    // Second life: the events are in the store and go out.
+    let mut second = serve(&url, free_port(), &dir.path().join("second.log"), "true").await;
+    let got = receiver.wait_for(5, Duration::from_secs(20)).await;
+    let mut ids: Vec<_> = got.iter().map(|r| r.header("x-gateway-event-id").unwrap().to_string()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 5);
+    assert!(got.iter().all(|r| r.header("x-gateway-event") == Some("message.sent")));
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
