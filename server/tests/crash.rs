@@ -34,13 +34,15 @@ async fn serve(url: &str, port: u16, log: &std::path::Path, dispatch: &str) -> C
         ("GATEWAY_WEBHOOKS__POLL_INTERVAL_MS", "20"),
         ("GATEWAY_LOG_FILE", log.as_str()),
     ];
-    let child = gateway(url, &["serve", "--listen", &listen], &env).stdout(Stdio::null()).spawn().unwrap();
+    let mut child = gateway(url, &["serve", "--listen", &listen], &env).stdout(Stdio::null()).spawn().unwrap();
     for _ in 0..200 {
         if tokio::net::TcpStream::connect(&listen).await.is_ok() {
             return child;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("the gateway did not start");
 }
 

@@ -60,8 +60,7 @@ mod tests {
 
     #[test]
     fn jitter_stays_within_twenty_percent() {
-        for n in 1..8 {
-            let base = SCHEDULE[n];
+        for (n, &base) in SCHEDULE.iter().enumerate().skip(1) {
             assert_eq!(ms(next_delay(&SCHEDULE, n, 0.2, -1.0, None)), Some(base * 8 / 10));
             assert_eq!(ms(next_delay(&SCHEDULE, n, 0.2, 1.0, None)), Some(base * 12 / 10));
             for i in 0..=20 {
