@@ -425,3 +425,40 @@ async fn two_dispatchers_on_one_store_deliver_each_event_once() {
     second.close().await.unwrap();
     cx.teardown().await;
 }
+
+#[tokio::test]
+async fn a_shutdown_finishes_or_gives_back_what_is_in_flight() {
+    // Grace 300 ms, timeout 5 s: a delivery hanging at shutdown is stopped and its
+    // event made due again at once (not only when its lease ends). The test context's
+    // own server does not dispatch; `first` and `next` do, on the same store.
+    let cx = context("wh_shutdown", |c| {
+        c.webhooks.dispatch = false;
+        c.webhooks.timeout_ms = 5_000;
+        c.webhooks.shutdown_grace_ms = 300;
+    })
+    .await;
+    let mut config = cx.config.clone();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.webhooks.dispatch = true;
+    let quiet = || slog::Logger::root(slog::Discard, slog::o!());
+    let first = gateway_server::start_server(quiet(), &config).await.unwrap();
+    let receiver = Receiver::start().await;
+    receiver.script([Behaviour::Hang(Duration::from_secs(10))]);
+    endpoint(&cx, &receiver.url("/"), "all").await;
+    send(&cx, "+14155550140").await;
+    let got = receiver.wait_for(1, WAIT).await;
+    let id = event_number(got[0].header("x-gateway-event-id"));
+    let started = std::time::Instant::now();
+    first.close().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(3), "the grace period bounds the shutdown");
+    let event = cx.store().outbox_event(id).await.unwrap().unwrap();
+    assert_eq!((event.delivered_at, event.attempts), (None, 0), "not finished, not counted");
+    assert!(cx.store().attempts_of_event(id).await.unwrap().is_empty());
+    // The next process delivers it at once, without waiting for the lease (35 s).
+    let next = gateway_server::start_server(quiet(), &config).await.unwrap();
+    let got = receiver.wait_for(2, Duration::from_secs(3)).await;
+    assert_eq!(got[1].header("x-gateway-event-id"), got[0].header("x-gateway-event-id"));
+    assert_eq!(outcome(&cx, id).await, "delivered");
+    next.close().await.unwrap();
+    cx.teardown().await;
+}

@@ -236,6 +236,7 @@ impl Dispatcher {
         let concurrency = self.settings.concurrency.max(1);
         let permits = Arc::new(Semaphore::new(concurrency));
         let mut in_flight: JoinSet<i64> = JoinSet::new();
+        let mut running: std::collections::HashSet<i64> = std::collections::HashSet::new();
         let lease_ms = self.settings.timeout_ms as i64 + 30_000;
         let poll = Duration::from_millis(self.settings.poll_interval_ms.max(10));
         info!(self.log, "webhook dispatcher started"; "concurrency" => concurrency);
@@ -243,11 +244,19 @@ impl Dispatcher {
             if *stopped.borrow() {
                 break;
             }
-            while in_flight.try_join_next().is_some() {}
+            while let Some(done) = in_flight.try_join_next() {
+                if let Ok(id) = done {
+                    running.remove(&id);
+                }
+            }
             let free = permits.available_permits();
             if free == 0 {
                 tokio::select! {
-                    _ = in_flight.join_next() => {}
+                    done = in_flight.join_next() => {
+                        if let Some(Ok(id)) = done {
+                            running.remove(&id);
+                        }
+                    }
                     _ = stopped.changed() => {}
                 }
                 continue;
@@ -269,6 +278,7 @@ impl Dispatcher {
             }
             for event in claimed {
                 let permit = permits.clone().acquire_owned().await.expect("the semaphore is never closed");
+                running.insert(event.id);
                 let this = self.clone();
                 in_flight.spawn(async move {
                     let id = event.id;
@@ -280,14 +290,22 @@ impl Dispatcher {
         }
         // Graceful shutdown: finish what is in flight, within the grace period.
         let grace = Duration::from_millis(self.settings.shutdown_grace_ms);
-        let finished = tokio::time::timeout(grace, async { while in_flight.join_next().await.is_some() {} }).await;
+        let finished = tokio::time::timeout(grace, async {
+            while let Some(done) = in_flight.join_next().await {
+                if let Ok(id) = done {
+                    running.remove(&id);
+                }
+            }
+        })
+        .await;
         if finished.is_err() {
             in_flight.abort_all();
-            warn!(
-                self.log,
-                "webhook deliveries still running at shutdown were stopped; their claims end with \
-                             their lease and they are retried"
-            );
+            while in_flight.join_next().await.is_some() {}
+            let ids: Vec<i64> = running.into_iter().collect();
+            // Given back at once; if this fails too, the claims end with their lease.
+            let released = self.store.release_events(&ids).await;
+            warn!(self.log, "webhook deliveries still running at shutdown were stopped and given back";
+                  "events" => ids.len(), "released" => released.is_ok());
         }
         info!(self.log, "webhook dispatcher stopped");
     }
