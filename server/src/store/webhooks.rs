@@ -288,7 +288,7 @@ impl Store {
                 params: vec![SqlValue::Integer(now), SqlValue::Integer(*id)],
             })
             .collect();
-        self.write_op(|reply| WriteOp::Exec { statements, reply }).await.map(|_| ())
+        self.write_op(|reply| WriteOp::Exec { statements, finish: None, reply }).await.map(|_| ())
     }
 
     /// One outbox event.
@@ -311,6 +311,8 @@ impl Store {
     ) -> Result<(), StoreError> {
         let now = now_ms();
         let mut statements = Vec::with_capacity(3);
+        // The statements serve SQLite; PostgreSQL gets the same writes as one JSON
+        // object for `gateway_webhook_finish` (see `finish_json`).
         if let Some(a) = attempt {
             let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
             statements.push(Statement {
@@ -334,7 +336,7 @@ impl Store {
         }
         if let Some(id) = event_id {
             let counted = i64::from(attempt.is_some_and(|a| a.trigger == "scheduled"));
-            match state {
+            match &state {
                 EventState::Done(outcome) => statements.push(Statement {
                     sql: "UPDATE outbox SET attempts = attempts + $1, delivered_at = $2, outcome = $3, \
                           locked_until = NULL WHERE id = $4",
@@ -348,14 +350,14 @@ impl Store {
                 EventState::Retry { at } => statements.push(Statement {
                     sql: "UPDATE outbox SET attempts = attempts + $1, available_at = $2, locked_until = NULL \
                           WHERE id = $3",
-                    params: vec![SqlValue::Integer(counted), SqlValue::Integer(at), SqlValue::Integer(id)],
+                    params: vec![SqlValue::Integer(counted), SqlValue::Integer(*at), SqlValue::Integer(id)],
                 }),
                 EventState::Unchanged => {}
             }
         }
         if let Some(a) = attempt {
             let instance = SqlValue::Text(a.instance_id.clone());
-            match endpoint {
+            match &endpoint {
                 EndpointChange::None => {}
                 EndpointChange::Succeeded => statements.push(Statement {
                     sql: "UPDATE webhook_endpoints SET failing_since = NULL WHERE instance_id = $1 \
@@ -370,14 +372,16 @@ impl Store {
                 EndpointChange::Disable(reason) => statements.push(Statement {
                     sql: "UPDATE webhook_endpoints SET disabled_at = $1, disabled_reason = $2, \
                           failing_since = COALESCE(failing_since, $1) WHERE instance_id = $3",
-                    params: vec![SqlValue::Integer(now), SqlValue::Text(reason), instance],
+                    params: vec![SqlValue::Integer(now), SqlValue::Text(reason.clone()), instance],
                 }),
             }
         }
         if statements.is_empty() {
             return Ok(());
         }
-        self.write_op(|reply| WriteOp::Exec { statements, reply }).await.map(|_| ())
+        let finish =
+            (self.backend == Backend::Postgres).then(|| finish_json(event_id, attempt, &state, &endpoint, now));
+        self.write_op(|reply| WriteOp::Exec { statements, finish, reply }).await.map(|_| ())
     }
 
     /// Attempts of one event, oldest first.
@@ -431,4 +435,38 @@ impl Store {
             .await?;
         Ok(attempts.rows_affected() + events.rows_affected())
     }
+}
+
+/// The writes of `finish_attempt` as `gateway_webhook_finish` reads them.
+fn finish_json(
+    event_id: Option<i64>,
+    attempt: Option<&WebhookAttempt>,
+    state: &EventState,
+    endpoint: &EndpointChange,
+    now: i64,
+) -> serde_json::Value {
+    let attempt = attempt.map(|a| {
+        serde_json::json!({
+            "outbox_id": a.outbox_id, "customer_id": a.customer_id, "instance_id": a.instance_id,
+            "event_type": a.event_type, "url": a.url, "trigger": a.trigger, "attempt": a.attempt,
+            "attempted_at": a.attempted_at, "status_code": a.status_code, "latency_ms": a.latency_ms,
+            "response_body": a.response_body, "error": a.error, "succeeded": i64::from(a.succeeded),
+        })
+    });
+    let counted = i64::from(attempt.as_ref().is_some_and(|a| a["trigger"] == "scheduled"));
+    let (state, outcome, at) = match state {
+        EventState::Done(outcome) => ("done", Some(*outcome), None),
+        EventState::Retry { at } => ("retry", None, Some(*at)),
+        EventState::Unchanged => ("none", None, None),
+    };
+    let (change, reason) = match endpoint {
+        EndpointChange::None => ("none", None),
+        EndpointChange::Succeeded => ("succeeded", None),
+        EndpointChange::Failed => ("failed", None),
+        EndpointChange::Disable(reason) => ("disable", Some(reason.as_str())),
+    };
+    serde_json::json!({
+        "event_id": event_id, "attempt": attempt, "state": state, "outcome": outcome, "at": at,
+        "counted": counted, "change": change, "reason": reason, "now": now,
+    })
 }

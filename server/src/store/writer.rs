@@ -55,8 +55,12 @@ pub(super) enum WriteOp {
         reply: Reply<Admission>,
     },
     /// Plain statements run in order inside the batch; answers rows affected by each.
+    /// On PostgreSQL, `finish` (when given) is sent to `gateway_webhook_finish`
+    /// (migration 0004) with the batch's one statement instead, which does the same
+    /// writes; then the answer is empty.
     Exec {
         statements: Vec<Statement>,
+        finish: Option<serde_json::Value>,
         reply: Reply<Vec<u64>>,
     },
 }
@@ -377,23 +381,36 @@ pub(super) fn spawn_sqlx(pool: AnyPool, log: Option<slog::Logger>) -> mpsc::Send
 
 /// Runs a batch on PostgreSQL: one call of `gateway_write_batch` (migration 0002),
 /// which applies the writes in order in the statement's own transaction.
-/// PBX admissions go to `gateway_pbx_admit` (migration 0003) in the same statement.
+/// PBX admissions go to `gateway_pbx_admit` and webhook attempts to
+/// `gateway_webhook_finish` (migrations 0003 and 0004) in the same statement. Other
 /// `Exec` writes run after that statement, in order, in the same transaction.
 async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, StoreError> {
     let is_pbx = |op: &&WriteOp| matches!(op, WriteOp::PbxAdmit { .. });
-    let is_exec = |op: &&WriteOp| matches!(op, WriteOp::Exec { .. });
-    let ops: Vec<serde_json::Value> = batch.iter().filter(|op| !is_pbx(op) && !is_exec(op)).map(op_json).collect();
+    let is_finish = |op: &&WriteOp| matches!(op, WriteOp::Exec { finish: Some(_), .. });
+    let is_exec = |op: &&WriteOp| matches!(op, WriteOp::Exec { finish: None, .. });
+    let ops: Vec<serde_json::Value> =
+        batch.iter().filter(|op| !is_pbx(op) && !is_exec(op) && !is_finish(op)).map(op_json).collect();
     let pbx: Vec<serde_json::Value> = batch.iter().filter(is_pbx).map(op_json).collect();
-    // Without `Exec` writes the batch is one statement: one round trip, its own
+    let finishes: Vec<serde_json::Value> = batch
+        .iter()
+        .filter_map(|op| match op {
+            WriteOp::Exec { finish: Some(f), .. } => Some(f.clone()),
+            _ => None,
+        })
+        .collect();
+    // Without plain `Exec` writes the batch is one statement: one round trip, its own
     // transaction. With them, a transaction around that statement and theirs.
     let mut tx = if batch.iter().any(|op| is_exec(&op)) { Some(pool.begin().await?) } else { None };
-    let (mut results, mut pbx_results) = if ops.is_empty() && pbx.is_empty() {
+    let (mut results, mut pbx_results) = if ops.is_empty() && pbx.is_empty() && finishes.is_empty() {
         (Vec::new().into_iter(), Vec::new().into_iter())
     } else {
-        let query =
-            sqlx::query("SELECT gateway_write_batch($1::jsonb)::text AS r, gateway_pbx_admit($2::jsonb)::text AS p")
-                .bind(serde_json::Value::Array(ops).to_string())
-                .bind(serde_json::Value::Array(pbx).to_string());
+        let query = sqlx::query(
+            "SELECT gateway_write_batch($1::jsonb)::text AS r, gateway_pbx_admit($2::jsonb)::text AS p, \
+             gateway_webhook_finish($3::jsonb)::text AS w",
+        )
+        .bind(serde_json::Value::Array(ops).to_string())
+        .bind(serde_json::Value::Array(pbx).to_string())
+        .bind(serde_json::Value::Array(finishes).to_string());
         let row = match tx.as_mut() {
             Some(tx) => query.fetch_one(&mut **tx).await?,
             None => query.fetch_one(pool).await?,
@@ -406,14 +423,22 @@ async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, Stor
     };
     let mut done = Vec::with_capacity(batch.len());
     for op in batch {
-        if let (WriteOp::Exec { statements, .. }, Some(tx)) = (op, tx.as_mut()) {
-            let mut rows = Vec::with_capacity(statements.len());
-            for st in statements {
-                let result = super::bind_all(sqlx::query(st.sql), st.params.clone()).execute(&mut **tx).await?;
-                rows.push(result.rows_affected());
+        match op {
+            WriteOp::Exec { finish: Some(_), .. } => {
+                done.push(Done::Exec(Vec::new()));
+                continue;
             }
-            done.push(Done::Exec(rows));
-            continue;
+            WriteOp::Exec { statements, finish: None, .. } => {
+                let tx = tx.as_mut().ok_or_else(|| StoreError::Conflict("no transaction for a write".into()))?;
+                let mut rows = Vec::with_capacity(statements.len());
+                for st in statements {
+                    let result = super::bind_all(sqlx::query(st.sql), st.params.clone()).execute(&mut **tx).await?;
+                    rows.push(result.rows_affected());
+                }
+                done.push(Done::Exec(rows));
+                continue;
+            }
+            _ => {}
         }
         let r = if is_pbx(&op) { pbx_results.next() } else { results.next() };
         let r = r.ok_or_else(|| StoreError::Conflict("write batch answered fewer writes".into()))?;

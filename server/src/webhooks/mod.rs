@@ -25,6 +25,7 @@ use crate::store::{ClaimedEvent, EndpointChange, EventState, Store, WebhookAttem
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use slog::{Logger, debug, error, info, warn};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -250,7 +251,9 @@ impl Dispatcher {
                 }
             }
             let free = permits.available_permits();
-            if free == 0 {
+            // Claim in batches: while deliveries are in flight, wait until a quarter of
+            // the slots are free (one claim statement for many events, not one each).
+            if free == 0 || (free < concurrency.div_ceil(4) && !in_flight.is_empty()) {
                 tokio::select! {
                     done = in_flight.join_next() => {
                         if let Some(Ok(id)) = done {
@@ -276,13 +279,29 @@ impl Dispatcher {
                 }
                 continue;
             }
+            // Each instance's endpoint is read once per claim, for all its events.
+            let mut endpoints: HashMap<String, Result<Option<Arc<WebhookEndpoint>>, ()>> = HashMap::new();
+            for instance in claimed.iter().filter_map(|e| e.instance_id.as_deref()) {
+                if !endpoints.contains_key(instance) {
+                    let endpoint = self.store.webhook(instance).await.map(|e| e.map(Arc::new)).map_err(|e| {
+                        error!(self.log, "reading a webhook endpoint failed"; "instance_id" => instance, "error" => %e);
+                    });
+                    endpoints.insert(instance.to_string(), endpoint);
+                }
+            }
             for event in claimed {
+                let endpoint = match event.instance_id.as_deref().map(|i| endpoints[i].clone()) {
+                    Some(Ok(endpoint)) => endpoint,
+                    None => None,
+                    // The claim ends with its lease; the event is tried again then.
+                    Some(Err(())) => continue,
+                };
                 let permit = permits.clone().acquire_owned().await.expect("the semaphore is never closed");
                 running.insert(event.id);
                 let this = self.clone();
                 in_flight.spawn(async move {
                     let id = event.id;
-                    this.deliver(event).await;
+                    this.deliver(event, endpoint).await;
                     drop(permit);
                     id
                 });
@@ -310,19 +329,20 @@ impl Dispatcher {
         info!(self.log, "webhook dispatcher stopped");
     }
 
-    /// Delivers one claimed event (scheduled attempt) and records the result.
-    async fn deliver(&self, event: ClaimedEvent) {
-        if let Err(e) = self.deliver_inner(&event).await {
+    /// Delivers one claimed event (scheduled attempt) to its instance's endpoint, if
+    /// any, and records the result.
+    async fn deliver(&self, event: ClaimedEvent, endpoint: Option<Arc<WebhookEndpoint>>) {
+        if let Err(e) = self.deliver_inner(&event, endpoint).await {
             // The claim ends with its lease; the event is tried again then.
             error!(self.log, "recording a webhook attempt failed"; "event_id" => event.id, "error" => %e);
         }
     }
 
-    async fn deliver_inner(&self, event: &ClaimedEvent) -> Result<(), crate::store::StoreError> {
-        let endpoint = match &event.instance_id {
-            Some(instance) => self.store.webhook(instance).await?,
-            None => None,
-        };
+    async fn deliver_inner(
+        &self,
+        event: &ClaimedEvent,
+        endpoint: Option<Arc<WebhookEndpoint>>,
+    ) -> Result<(), crate::store::StoreError> {
         let skip = match &endpoint {
             None => Some("skipped_no_endpoint"),
             Some(e) if e.disabled_at.is_some() => Some("skipped_disabled"),
