@@ -170,9 +170,12 @@ async fn every_authentication_failure_is_the_same_401() {
     let good_sig = format!("sha256={}", sign(&key, &ts, &body));
     let secret = ("x-gateway-3cx-secret", pbx.secret.clone());
     let id = pbx.id.to_string();
-    let stale_ts = (now_s() - 301).to_string();
+    // Well outside the window either way, so that a second ticking during the test
+    // cannot bring them back in (the exact ±300/±301 edges are unit-tested with a fixed
+    // clock in pbx::auth).
+    let stale_ts = (now_s() - 310).to_string();
     let stale_sig = format!("sha256={}", sign(&key, &stale_ts, &body));
-    let future_ts = (now_s() + 301).to_string();
+    let future_ts = (now_s() + 310).to_string();
     let future_sig = sign(&key, &future_ts, &body);
     type Case<'a> = (&'a str, String, Vec<(&'a str, String)>);
     let cases: Vec<Case> = vec![
@@ -303,10 +306,13 @@ async fn both_signature_forms_and_the_window_edges() {
     for (offset, prefixed, expected) in
         [(0, true, 200), (0, false, 200), (300, true, 200), (-300, false, 200), (301, true, 401), (-301, false, 401)]
     {
-        // A second may tick between signing and checking; +300/-300 stay inside with a
-        // margin of one second in the direction that could fail.
+        // A second may tick between signing and checking, moving the offset one second
+        // down: +300 is sent as +299 (still inside if it ticks), +301 as +302 (still
+        // outside if it ticks); -300 and -301 only move further out, so -300 is sent as
+        // -299. The exact edges are unit-tested with a fixed clock in pbx::auth.
         let offset = match offset {
             300 => 299,
+            301 => 302,
             -300 => -299,
             o => o,
         };
