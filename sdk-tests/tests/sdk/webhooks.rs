@@ -124,11 +124,12 @@ async fn a_500_is_retried_on_the_schedule_with_the_same_event_id() {
     let got = receiver.wait_for(3, WAIT).await;
     let ids: Vec<_> = got.iter().map(|r| r.header("x-gateway-event-id").unwrap().to_string()).collect();
     assert!(ids.iter().all(|i| i == &ids[0]), "one id across retries: {ids:?}");
-    // Delays 200 ms then 300 ms, each within ±20 %.
+    // Delays 200 ms then 300 ms, each at least 80 % of itself; the upper bound allows
+    // for polling and a loaded machine (the exact bounds are unit-tested in schedule).
     let gap1 = got[1].at - got[0].at;
     let gap2 = got[2].at - got[1].at;
-    assert!(gap1 >= Duration::from_millis(160) && gap1 < Duration::from_millis(240 + 200), "{gap1:?}");
-    assert!(gap2 >= Duration::from_millis(240) && gap2 < Duration::from_millis(360 + 200), "{gap2:?}");
+    assert!(gap1 >= Duration::from_millis(160) && gap1 < Duration::from_millis(240 + 600), "{gap1:?}");
+    assert!(gap2 >= Duration::from_millis(240) && gap2 < Duration::from_millis(360 + 600), "{gap2:?}");
     // Each attempt is signed with its own timestamp.
     for r in &got {
         let ts = r.header("x-gateway-timestamp").unwrap();
@@ -173,7 +174,7 @@ async fn retry_after_of_a_429_is_honoured_within_d_and_2d() {
     let got = receiver.wait_for(2, WAIT).await;
     // Asked for 30 s; the schedule's d is 200 ms ±20 %: the retry comes at 2d.
     let gap = got[1].at - got[0].at;
-    assert!(gap >= Duration::from_millis(320) && gap < Duration::from_millis(480 + 300), "{gap:?}");
+    assert!(gap >= Duration::from_millis(320) && gap < Duration::from_millis(480 + 600), "{gap:?}");
     cx.teardown().await;
 }
 
