@@ -21,6 +21,38 @@ pub struct EventBase {
     pub timestamp: String,
 }
 
+/// Fields of the message status events.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StatusFields {
+    /// The contact (E.164).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// The messaging network's message id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_message_id: Option<String>,
+    /// The provider's status, e.g. `DELIVERY_ACK`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+}
+
+/// Fields of the instance connection events.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ConnectionFields {
+    /// `open` when connected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_state: Option<String>,
+}
+
+/// Fields of the call events.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CallFields {
+    /// The caller (E.164).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_status: Option<String>,
+}
+
 macro_rules! events {
     ($( $(#[$doc:meta])* $name:ident = $wire:literal { $( $(#[$fdoc:meta])* $fvis:vis $field:ident : $ty:ty ),* $(,)? } )*) => {
         $(
@@ -84,18 +116,18 @@ events! {
     }
     /// The instance connected.
     InstanceConnected = "instance.connected" {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub connection_state: Option<String>,
+        #[serde(flatten)]
+        pub connection: ConnectionFields,
     }
     /// The instance disconnected.
     InstanceDisconnected = "instance.disconnected" {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub connection_state: Option<String>,
+        #[serde(flatten)]
+        pub connection: ConnectionFields,
     }
     /// The instance's connection state changed.
     InstanceConnectionUpdated = "instance.connection_updated" {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub connection_state: Option<String>,
+        #[serde(flatten)]
+        pub connection: ConnectionFields,
     }
     /// A new pairing QR code is available.
     InstanceQrUpdated = "instance.qr_updated" {
@@ -104,30 +136,18 @@ events! {
     }
     /// A message was delivered.
     MessageDelivered = "message.delivered" {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub from: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub external_message_id: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub status: Option<String>,
+        #[serde(flatten)]
+        pub status: StatusFields,
     }
     /// A message was read.
     MessageRead = "message.read" {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub from: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub external_message_id: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub status: Option<String>,
+        #[serde(flatten)]
+        pub status: StatusFields,
     }
     /// A message's status changed otherwise.
     MessageStatusUpdated = "message.status_updated" {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub from: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub external_message_id: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub status: Option<String>,
+        #[serde(flatten)]
+        pub status: StatusFields,
     }
     /// A conversation window opened or closed.
     ConversationUpdated = "conversation.updated" {
@@ -136,17 +156,13 @@ events! {
     }
     /// A call came in.
     CallReceived = "call.received" {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub from: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub call_status: Option<String>,
+        #[serde(flatten)]
+        pub call: CallFields,
     }
     /// A call was missed.
     CallMissed = "call.missed" {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub from: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        pub call_status: Option<String>,
+        #[serde(flatten)]
+        pub call: CallFields,
     }
     /// A message arrived in a group.
     GroupMessageReceived = "group.message_received" {
