@@ -436,3 +436,39 @@ fn outcome_row(base: &PbxEvent, action: &str, result: Result<&PbxWebhookResponse
         },
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever the bytes, the PBX body parser answers with the webhook's statuses:
+        /// a request, or 400 (`invalid_json`, or `validation_error` naming a field);
+        /// never the send endpoint's 422.
+        #[test]
+        fn any_bytes_get_a_400_or_a_request(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            if let Err(e) = gateway_api::parse_json::<PbxWebhookRequest>(&bytes).map_err(as_payload_error) {
+                prop_assert_eq!(e.status.as_u16(), 400);
+                prop_assert!(matches!(e.code, "invalid_json" | "validation_error"), "{:?}", e);
+            }
+        }
+
+        /// A phone system's extra properties never make a known event invalid.
+        #[test]
+        fn extra_properties_are_ignored(name in "[a-z]{1,12}_x", value in ".{0,20}") {
+            let body = serde_json::json!({"event_type": "test", name: value}).to_string();
+            let parsed = gateway_api::parse_json::<PbxWebhookRequest>(body.as_bytes()).unwrap();
+            prop_assert_eq!(parsed.event_type.as_deref(), Some("test"));
+        }
+    }
+
+    #[test]
+    fn templates_render_into_the_payload_of_every_templatable_event() {
+        for event in PbxEventType::ALL {
+            assert_eq!(event.is_templatable(), !matches!(event, PbxEventType::Test | PbxEventType::OutboundMessage));
+            assert_eq!(PbxEventType::parse(event.as_str()), Some(event));
+        }
+        assert_eq!(PbxEventType::parse("Missed_Call"), None);
+    }
+}
