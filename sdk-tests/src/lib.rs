@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 pub use gateway_client;
 
+pub mod fake_evolution;
 pub mod receiver;
 
 /// A tenant of the test gateway.

@@ -30,6 +30,7 @@ impl Behaviour {
 /// One request as received.
 #[derive(Clone, Debug)]
 pub struct Received {
+    pub method: String,
     pub path: String,
     pub headers: HashMap<String, String>,
     pub body: Vec<u8>,
@@ -144,6 +145,37 @@ async fn serve(mut socket: TcpStream, state: Arc<Mutex<State>>) {
     }
 }
 
+/// Answers a request with a status and a JSON body.
+pub type JsonHandler = Arc<dyn Fn(&Received) -> (u16, serde_json::Value) + Send + Sync>;
+
+/// Serves `handler` on 127.0.0.1: every request gets the status and JSON body it
+/// returns (keep-alive). For doubles that answer, rather than misbehave.
+pub async fn serve_json(handler: JsonHandler) -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the double");
+    let port = listener.local_addr().unwrap().port();
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                while let Some(request) = read_request(&mut socket).await {
+                    let (status, body) = handler(&request);
+                    let body = body.to_string();
+                    let head = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    if socket.write_all(head.as_bytes()).await.is_err()
+                        || socket.write_all(body.as_bytes()).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, task)
+}
+
 async fn read_request(socket: &mut TcpStream) -> Option<Received> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
@@ -159,7 +191,9 @@ async fn read_request(socket: &mut TcpStream) -> Option<Received> {
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let mut lines = head.split("\r\n");
-    let path = lines.next()?.split(' ').nth(1)?.to_string();
+    let mut request_line = lines.next()?.split(' ');
+    let method = request_line.next()?.to_string();
+    let path = request_line.next()?.to_string();
     let headers: HashMap<String, String> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
@@ -174,5 +208,5 @@ async fn read_request(socket: &mut TcpStream) -> Option<Received> {
         body.extend_from_slice(&chunk[..n]);
     }
     body.truncate(length);
-    Some(Received { path, headers, body, at: Instant::now() })
+    Some(Received { method, path, headers, body, at: Instant::now() })
 }

@@ -301,6 +301,13 @@ impl Config {
     }
 
     /// The provider timeout as a duration.
+    /// The Evolution client, when `evolution_url` and `evolution_api_key` are set.
+    pub fn evolution(&self) -> Option<crate::provider::evolution::Evolution> {
+        let url = self.evolution_url.as_deref().filter(|u| !u.is_empty())?;
+        let key = self.evolution_api_key.as_deref().filter(|k| !k.is_empty())?;
+        Some(crate::provider::evolution::Evolution::new(url, key, self.provider_timeout()))
+    }
+
     pub fn provider_timeout(&self) -> Duration {
         Duration::from_millis(self.provider_timeout_ms)
     }

@@ -38,7 +38,7 @@ pub enum StartError {
     Api(String),
     #[error("starting the HTTP server: {0}")]
     Http(String),
-    #[error("the {0} provider is not available in this build")]
+    #[error("the {0} provider is not available (evolution needs evolution_url and evolution_api_key)")]
     Provider(String),
 }
 
@@ -51,11 +51,14 @@ pub struct Parts {
 impl Parts {
     /// The parts `config` asks for.
     pub fn from_config(config: &Config) -> Result<Parts, StartError> {
-        let provider: Arc<dyn provider::Provider> = match config.provider.as_str() {
-            "simulator" => Arc::new(provider::Simulator),
+        let evolution = config.evolution();
+        match config.provider.as_str() {
+            "simulator" => {}
+            "evolution" if evolution.is_some() => {}
             other => return Err(StartError::Provider(other.to_string())),
-        };
-        Ok(Parts { provider, policy: Arc::new(policy::Builtin) })
+        }
+        let router = provider::Router { simulator: provider::Simulator, evolution };
+        Ok(Parts { provider: Arc::new(router), policy: Arc::new(policy::Builtin) })
     }
 }
 

@@ -4,6 +4,7 @@
 use crate::apikey;
 use crate::config::Config;
 use crate::pbx;
+use crate::provider;
 use crate::send::phone;
 use crate::store::{
     ApiKeyRecord, Customer, Instance, LimitOverrides, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate,
@@ -122,12 +123,90 @@ pub async fn create_instance(
     if name.is_empty() || name.len() > 64 {
         return Err(OpsError::Invalid("the name must be 1 to 64 characters".into()));
     }
+    create_instance_with(store, config, customer_id, name, &config.provider, connected).await
+}
+
+/// Creates an instance on a given provider. On `evolution` the instance is also created
+/// at the provider (named by the gateway's instance id); if that fails, it is not kept.
+/// `connected` applies to the simulator only; an Evolution instance connects by pairing.
+pub async fn create_instance_with(
+    store: &Store,
+    config: &Config,
+    customer_id: &str,
+    name: &str,
+    provider: &str,
+    connected: bool,
+) -> Result<Instance, OpsError> {
+    let name = name.trim();
+    if name.is_empty() || name.len() > 64 {
+        return Err(OpsError::Invalid("the name must be 1 to 64 characters".into()));
+    }
+    let evolution = match provider {
+        "simulator" => None,
+        "evolution" => Some(config.evolution().ok_or_else(|| {
+            OpsError::Invalid("the evolution provider needs evolution_url and evolution_api_key".into())
+        })?),
+        other => return Err(OpsError::Invalid(format!("provider must be simulator or evolution, not {other:?}"))),
+    };
     let customer = store.customer(customer_id).await?;
     let cap = match customer.plan_status(now_ms()) {
         PlanStatus::Active => customer.plan.as_deref().and_then(|p| config.plan(p)).map(|p| p.instances),
         _ => None,
     };
-    Ok(store.create_instance(customer_id, name, &config.provider, connected, cap).await?)
+    let instance = store.create_instance(customer_id, name, provider, connected && evolution.is_none(), cap).await?;
+    if let Some(evolution) = evolution
+        && let Err(e) = evolution.create_instance(&instance.id, None).await
+    {
+        store.delete_instance(&instance.id).await?;
+        return Err(OpsError::Invalid(format!("the provider did not create the instance: {e}")));
+    }
+    Ok(instance)
+}
+
+/// Pairing: the current QR (data URL) and pairing code of an Evolution instance, or
+/// that it is connected (then the stored state says so). A QR the provider fails to
+/// return (`count: 0`) is asked for again, then reported as expired, never as a blank.
+pub async fn instance_qr(store: &Store, config: &Config, id: &str, number: Option<&str>) -> Result<Value, OpsError> {
+    let (instance, evolution) = evolution_instance(store, config, id).await?;
+    for _ in 0..3 {
+        match evolution.connect(&instance.id, number).await.map_err(|e| OpsError::Invalid(e.to_string()))? {
+            provider::evolution::Connect::Open => {
+                store.set_connection_state(&instance.id, "open").await?;
+                return Ok(json!({"instance_id": instance.id, "state": "open"}));
+            }
+            provider::evolution::Connect::Qr(qr) if qr.is_present() => {
+                store.set_connection_state(&instance.id, "connecting").await?;
+                return Ok(json!({"instance_id": instance.id, "state": "qr_pending", "qr": qr.base64,
+                                 "qr_code": qr.code, "pairing_code": qr.pairing_code, "qr_count": qr.count}));
+            }
+            provider::evolution::Connect::Qr(_) => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+        }
+    }
+    Ok(json!({"instance_id": instance.id, "state": "qr_expired",
+              "hint": "the provider returned no QR code; run this again, or log the instance out and retry"}))
+}
+
+/// Reads an Evolution instance's connection state from the provider and stores it.
+pub async fn sync_instance_state(store: &Store, config: &Config, id: &str) -> Result<Instance, OpsError> {
+    let (instance, evolution) = evolution_instance(store, config, id).await?;
+    let state = evolution.connection_state(&instance.id).await.map_err(|e| OpsError::Invalid(e.to_string()))?;
+    store.set_connection_state(&instance.id, &state).await?;
+    Ok(store.instance(&instance.id).await?)
+}
+
+async fn evolution_instance(
+    store: &Store,
+    config: &Config,
+    id: &str,
+) -> Result<(Instance, provider::evolution::Evolution), OpsError> {
+    let instance = store.instance(id).await?;
+    if instance.provider != "evolution" {
+        return Err(OpsError::Invalid(format!("instance {id} is on the {} provider", instance.provider)));
+    }
+    let evolution = config
+        .evolution()
+        .ok_or_else(|| OpsError::Invalid("the evolution provider needs evolution_url and evolution_api_key".into()))?;
+    Ok((instance, evolution))
 }
 
 /// Creates an API key; the returned JSON holds the key, shown this once.

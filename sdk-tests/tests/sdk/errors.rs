@@ -385,6 +385,11 @@ async fn provider_timeout_is_502_after_the_provider_timeout() {
     let e = expect_error(cx.client.message_send(&text("main", "+15005550002", "x")).await, 502, "gateway_send_failed");
     assert_eq!(e.details["reason"], "provider_timeout");
     assert!(started.elapsed() >= std::time::Duration::from_millis(300), "waited for the configured timeout");
+    // The message may have gone out: recorded as unknown, quota kept, no message.failed.
+    let log = cx.store().recent_log(&cx.tenant.customer_id, 1).await.unwrap();
+    assert_eq!((log[0].1.decision.as_str(), log[0].1.status.as_str()), ("allowed", "unknown"));
+    assert!(cx.store().outbox_events(&cx.tenant.customer_id).await.unwrap().is_empty());
+    assert_eq!(cx.store().counter(&format!("day:{}", cx.tenant.customer_id), chrono_day_start()).await.unwrap(), 1);
     cx.teardown().await;
 }
 

@@ -4,6 +4,7 @@
 
 mod contract;
 mod errors;
+mod evolution;
 mod limits;
 mod pbx;
 mod sending;

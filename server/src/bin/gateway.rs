@@ -303,7 +303,21 @@ enum InstanceCommand {
         /// Mark it connected at once (simulator).
         #[arg(long)]
         connected: bool,
+        /// Where its messages go; default: the `provider` setting. An evolution
+        /// instance is also created at the provider.
+        #[arg(long, value_parser = ["simulator", "evolution"])]
+        provider: Option<String>,
     },
+    /// Pairing (evolution): print the current QR code as a data URL, and the pairing
+    /// code when --number is given; or that the instance is connected.
+    Qr {
+        id: String,
+        /// The phone's number, for a pairing code instead of scanning.
+        #[arg(long)]
+        number: Option<String>,
+    },
+    /// Read the instance's connection state from its provider (evolution) and store it.
+    State { id: String },
     /// Pause an instance for responsible-messaging review.
     Pause {
         id: String,
@@ -404,9 +418,17 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<Val
             ops::customer_json(&ops::assign_plan(store, &customer, &plan, approve).await?)
         }
         Command::Instance { command } => match command {
-            InstanceCommand::Create { customer, name, connected } => {
-                ops::instance_json(&ops::create_instance(store, config, &customer, &name, connected).await?)
+            InstanceCommand::Create { customer, name, connected, provider } => {
+                let provider = provider.unwrap_or_else(|| config.provider.clone());
+                ops::instance_json(
+                    &ops::create_instance_with(store, config, &customer, &name, &provider, connected).await?,
+                )
             }
+            InstanceCommand::Qr { id, number } => {
+                let number = number.as_deref().map(ops::phone_arg).transpose()?;
+                ops::instance_qr(store, config, &id, number.as_deref()).await?
+            }
+            InstanceCommand::State { id } => ops::instance_json(&ops::sync_instance_state(store, config, &id).await?),
             InstanceCommand::Pause { id, reason } => {
                 ops::instance_json(&store.set_paused(&id, true, Some(reason.as_deref().unwrap_or("review"))).await?)
             }

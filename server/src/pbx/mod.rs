@@ -365,7 +365,10 @@ impl Webhook<'_> {
         match self.sender.send(&input).await {
             Ok(sent) => Ok(("message_sent", Some(sent.message_id))),
             Err(e) => {
+                // A message that may have gone out keeps its cooldown.
+                let maybe_sent = matches!(&e, crate::send::SendError::Provider(p) if p.outcome_unknown());
                 if cooling
+                    && !maybe_sent
                     && let Err(release) =
                         self.store.release_pbx_cooldown(integration.id, event, &out.phone, cooldown_until).await
                 {

@@ -4,6 +4,7 @@
 //! built-in simulator is the default, so the gateway runs with no external service; the
 //! Evolution-compatible adapter implements the same trait in its own issue.
 
+pub mod evolution;
 mod simulator;
 
 pub use simulator::Simulator;
@@ -28,6 +29,8 @@ pub struct SendingInstance {
     pub id: String,
     pub name: String,
     pub connection_state: String,
+    /// The provider the instance was created with (`simulator`, `evolution`).
+    pub provider: String,
 }
 
 /// The provider accepted the message.
@@ -50,6 +53,10 @@ pub enum ProviderError {
     Timeout(u64),
     #[error("the provider could not be reached: {0}")]
     Unavailable(String),
+    #[error("the recipient is not on the messaging network: {0}")]
+    NotOnNetwork(String),
+    #[error("the provider failed after receiving the message; it may have been sent: {0}")]
+    OutcomeUnknown(String),
 }
 
 impl ProviderError {
@@ -60,7 +67,17 @@ impl ProviderError {
             ProviderError::Rejected(_) => "provider_rejected",
             ProviderError::Timeout(_) => "provider_timeout",
             ProviderError::Unavailable(_) => "provider_unavailable",
+            ProviderError::NotOnNetwork(_) => "recipient_not_on_network",
+            ProviderError::OutcomeUnknown(_) => "provider_outcome_unknown",
         }
+    }
+
+    /// Whether the message may have gone out anyway (a timeout, or a provider failure
+    /// after it took the request): such a send is recorded as `unknown`, keeps its
+    /// quota, and writes no `message.failed`, until the provider's own event for it
+    /// settles it.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, ProviderError::Timeout(_) | ProviderError::OutcomeUnknown(_))
     }
 }
 
@@ -76,4 +93,32 @@ pub trait Provider: Send + Sync + 'static {
         instance: &SendingInstance,
         message: &OutboundMessage,
     ) -> Result<ProviderReceipt, ProviderError>;
+}
+
+/// The providers of a gateway: each instance's sends go to the provider it was
+/// created with.
+pub struct Router {
+    pub simulator: Simulator,
+    pub evolution: Option<evolution::Evolution>,
+}
+
+#[async_trait]
+impl Provider for Router {
+    fn name(&self) -> &'static str {
+        "router"
+    }
+
+    async fn send(
+        &self,
+        instance: &SendingInstance,
+        message: &OutboundMessage,
+    ) -> Result<ProviderReceipt, ProviderError> {
+        match (instance.provider.as_str(), &self.evolution) {
+            ("evolution", Some(evolution)) => Provider::send(evolution, instance, message).await,
+            ("evolution", None) => {
+                Err(ProviderError::Unavailable("the evolution provider is not configured on this gateway".into()))
+            }
+            _ => self.simulator.send(instance, message).await,
+        }
+    }
 }

@@ -203,6 +203,17 @@ impl Sender {
                     message_type: entry.message_type.unwrap_or_else(|| "text".into()),
                 })
             }
+            Err(SendError::Provider(error)) if error.outcome_unknown() => {
+                // It may have been sent: it keeps its quota and gets no `message.failed`;
+                // the log says `unknown` until the provider's event for it arrives.
+                entry.decision = "allowed".into();
+                entry.status = "unknown".into();
+                entry.error_code = Some("gateway_send_failed".into());
+                entry.policy = Some("gateway/provider".into());
+                entry.reason = Some(error.to_string());
+                self.store.record_attempt(&entry, None).await?;
+                Err(SendError::Provider(error))
+            }
             Err(SendError::Provider(error)) => {
                 // If the counters cannot be given back they stay one higher: conservative,
                 // never over the limit. The attempt is recorded either way.
@@ -322,6 +333,7 @@ impl Sender {
             id: instance.id.clone(),
             name: instance.name.clone(),
             connection_state: instance.connection_state.clone(),
+            provider: instance.provider.clone(),
         };
         let timeout = self.config.provider_timeout();
         match tokio::time::timeout(timeout, self.provider.send(&sending, &message)).await {

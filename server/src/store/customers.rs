@@ -323,6 +323,13 @@ impl Store {
         self.instance(&id).await
     }
 
+    /// Removes an instance that nothing refers to yet (its creation at the provider
+    /// failed).
+    pub async fn delete_instance(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM instances WHERE id = $1").bind(id).execute(&self.write).await?;
+        Ok(())
+    }
+
     /// One instance by id.
     pub async fn instance(&self, id: &str) -> Result<Instance, StoreError> {
         let row = sqlx::query(&format!("SELECT {INSTANCE_COLUMNS} FROM instances WHERE id = $1"))
