@@ -301,6 +301,11 @@ impl Config {
     }
 
     /// The provider timeout as a duration.
+    /// The gateway's base URL as providers reach it: `public_url`, else `http://{listen}`.
+    pub fn public_base_url(&self) -> String {
+        self.public_url.clone().filter(|u| !u.is_empty()).unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
     /// The Evolution client, when `evolution_url` and `evolution_api_key` are set.
     pub fn evolution(&self) -> Option<crate::provider::evolution::Evolution> {
         let url = self.evolution_url.as_deref().filter(|u| !u.is_empty())?;

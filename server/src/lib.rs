@@ -9,6 +9,7 @@
 pub mod apikey;
 pub mod config;
 pub mod http;
+pub mod ingress;
 pub mod net;
 pub mod ops;
 pub mod pbx;

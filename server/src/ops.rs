@@ -154,11 +154,20 @@ pub async fn create_instance_with(
         _ => None,
     };
     let instance = store.create_instance(customer_id, name, provider, connected && evolution.is_none(), cap).await?;
-    if let Some(evolution) = evolution
-        && let Err(e) = evolution.create_instance(&instance.id, None).await
-    {
-        store.delete_instance(&instance.id).await?;
-        return Err(OpsError::Invalid(format!("the provider did not create the instance: {e}")));
+    if let Some(evolution) = evolution {
+        // The provider posts this instance's events to the ingress with a secret of its
+        // own, which only the provider is given.
+        let secret = crate::ingress::new_secret();
+        store.set_ingress_secret_hash(&instance.id, &pbx::auth::hash_secret(&secret)).await?;
+        let webhook = provider::evolution::WebhookTarget {
+            url: crate::ingress::url(&config.public_base_url(), &instance.id),
+            header: crate::ingress::SECRET_HEADER.to_string(),
+            secret,
+        };
+        if let Err(e) = evolution.create_instance(&instance.id, Some(&webhook)).await {
+            store.delete_instance(&instance.id).await?;
+            return Err(OpsError::Invalid(format!("the provider did not create the instance: {e}")));
+        }
     }
     Ok(instance)
 }

@@ -5,6 +5,7 @@
 mod contract;
 mod errors;
 mod evolution;
+mod ingress;
 mod limits;
 mod pbx;
 mod sending;

@@ -200,11 +200,107 @@ async fn root_get(_rqctx: RequestContext<Arc<AppState>>) -> Result<Response<Body
         .map_err(|e| HttpError::for_internal_error(e.to_string()))
 }
 
+/// Path of the provider ingress.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct IngressPath {
+    instance_id: String,
+}
+
+/// Largest provider event accepted (events carry no media: `base64` is off).
+const INGRESS_MAX_BYTES: usize = 1024 * 1024;
+
+/// Where the provider posts an instance's events (see `crate::ingress`). Unpublished.
+#[endpoint {
+    method = POST,
+    path = "/internal/provider/evolution/{instance_id}",
+    unpublished = true,
+    request_body_max_bytes = INGRESS_MAX_BYTES,
+}]
+async fn provider_ingress(
+    rqctx: RequestContext<Arc<AppState>>,
+    path: Path<IngressPath>,
+    body: dropshot::UntypedBody,
+) -> Result<Response<Body>, HttpError> {
+    let state = rqctx.context().clone();
+    let log = rqctx.log.new(slog::o!("component" => "ingress"));
+    let instance_id = path.into_inner().instance_id;
+    let presented = rqctx.request.headers().get(crate::ingress::SECRET_HEADER).and_then(|v| v.to_str().ok());
+    let stored = state
+        .store
+        .ingress_secret_hash(&instance_id)
+        .await
+        .map_err(|e| HttpError::for_internal_error(e.to_string()))?;
+    let cause = match (presented, stored) {
+        (_, None) => Some("unknown instance or no ingress secret"),
+        (None, Some(_)) => Some("missing secret"),
+        (Some(secret), Some(hash)) => {
+            let presented = crate::pbx::auth::hash_secret(secret);
+            (!bool::from(subtle::ConstantTimeEq::ct_eq(presented.as_bytes(), hash.as_bytes())))
+                .then_some("wrong secret")
+        }
+    };
+    if let Some(cause) = cause {
+        let id: String = instance_id.chars().take(64).collect();
+        slog::warn!(log, "provider event refused"; "cause" => cause, "instance_id" => id,
+                    "remote" => %rqctx.request.remote_addr());
+        return Err(HttpError::for_client_error(
+            None,
+            dropshot::ClientErrorStatusCode::UNAUTHORIZED,
+            "unauthorized".into(),
+        ));
+    }
+    let bytes = body.as_bytes();
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(bytes).ok();
+    let event_name = parsed
+        .as_ref()
+        .and_then(|v| v["event"].as_str())
+        .unwrap_or("(unreadable)")
+        .chars()
+        .take(64)
+        .collect::<String>();
+    // Stored before anything else: what is acknowledged is never lost.
+    let text = String::from_utf8_lossy(bytes);
+    let stored_id = state
+        .store
+        .store_provider_event(&instance_id, &event_name, &text)
+        .await
+        .map_err(|e| HttpError::for_internal_error(e.to_string()))?;
+    let Some(envelope) = parsed else {
+        let _ = state.store.finish_provider_event(stored_id, Some("not JSON")).await;
+        return Err(HttpError::for_bad_request(None, "the body is not JSON".into()));
+    };
+    let outcome = async {
+        let instance = state.store.instance(&instance_id).await?;
+        let facts = crate::ingress::evolution::parse(&envelope);
+        state.store.apply_facts(&instance, &facts, now_ms()).await
+    }
+    .await;
+    match outcome {
+        Ok(applied) => {
+            slog::debug!(log, "provider event"; "event" => &event_name, "events" => applied.events.len(),
+                         "skipped" => applied.skipped);
+            let _ = state.store.finish_provider_event(stored_id, None).await;
+        }
+        Err(e) => {
+            // Kept in provider_events with its error, for a later replay.
+            slog::error!(log, "applying a provider event failed"; "event" => &event_name, "stored_id" => stored_id,
+                         "error" => %e);
+            let _ = state.store.finish_provider_event(stored_id, Some(&e.to_string())).await;
+        }
+    }
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(r#"{"received":true}"#))
+        .map_err(|e| HttpError::for_internal_error(e.to_string()))
+}
+
 /// Every route the server serves: the public API plus unpublished routes.
 pub fn api_description() -> Result<dropshot::ApiDescription<Arc<AppState>>, String> {
     let mut api = gateway_api::gateway_api_mod::api_description::<GatewayApiImpl>().map_err(|e| e.to_string())?;
     api.register(openapi_get).map_err(|e| e.to_string())?;
     api.register(root_get).map_err(|e| e.to_string())?;
+    api.register(provider_ingress).map_err(|e| e.to_string())?;
     Ok(api)
 }
 

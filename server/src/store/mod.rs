@@ -15,6 +15,7 @@
 
 mod counters;
 mod customers;
+mod ingress;
 mod keys;
 mod messages;
 mod pbx;
@@ -23,6 +24,7 @@ mod writer;
 
 pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PlanStatus, SendContext};
+pub use ingress::Applied;
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent};
 pub use pbx::{Admission, PbxAdmit, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate, RateCheck};

@@ -1,0 +1,300 @@
+//! The provider ingress: Evolution-shaped posts (reference §1.5) to the unpublished
+//! route, and the customer events, inbound log, opt-outs and states they lead to.
+
+use crate::{expect_error, text};
+use gateway_sdk_tests::TestContext;
+use gateway_sdk_tests::fake_evolution::FakeEvolution;
+use gateway_server::ops;
+use serde_json::{Value, json};
+
+const KEY: &str = "global-key-for-tests";
+
+struct Setup {
+    cx: TestContext,
+    _fake: FakeEvolution,
+    secret: String,
+}
+
+async fn setup(name: &str) -> Setup {
+    let fake = FakeEvolution::start(KEY).await;
+    let url = fake.url();
+    let cx = TestContext::with(
+        name,
+        |c| {
+            c.provider = "evolution".into();
+            c.evolution_url = Some(url);
+            c.evolution_api_key = Some(KEY.into());
+        },
+        None,
+    )
+    .await;
+    fake.open(&cx.tenant.instance_id);
+    ops::sync_instance_state(cx.store(), &cx.config, &cx.tenant.instance_id).await.unwrap();
+    // The gateway gave the provider the ingress URL and secret when it created the
+    // instance; the fake kept them.
+    let webhook = fake.instance(&cx.tenant.instance_id).unwrap().webhook.unwrap();
+    assert!(
+        webhook["url"].as_str().unwrap().ends_with(&format!("/internal/provider/evolution/{}", cx.tenant.instance_id))
+    );
+    let secret = webhook["headers"]["x-gateway-ingress"].as_str().unwrap().to_string();
+    Setup { cx, _fake: fake, secret }
+}
+
+impl Setup {
+    async fn post(&self, envelope: &Value) -> u16 {
+        self.post_as(&self.cx.tenant.instance_id, Some(&self.secret), envelope).await
+    }
+
+    async fn post_as(&self, instance: &str, secret: Option<&str>, envelope: &Value) -> u16 {
+        let mut request =
+            self.cx.http.post(format!("{}/internal/provider/evolution/{instance}", self.cx.base_url)).json(envelope);
+        if let Some(secret) = secret {
+            request = request.header("x-gateway-ingress", secret);
+        }
+        request.send().await.unwrap().status().as_u16()
+    }
+
+    async fn events(&self) -> Vec<(String, Value)> {
+        self.cx.store().outbox_events(&self.cx.tenant.customer_id).await.unwrap()
+    }
+
+    async fn events_named(&self, name: &str) -> Vec<Value> {
+        self.events().await.into_iter().filter(|(t, _)| t == name).map(|(_, p)| p).collect()
+    }
+}
+
+fn upsert(remote: &str, id: &str, text: &str, extra_key: Value) -> Value {
+    let mut key = json!({"remoteJid": remote, "fromMe": false, "id": id});
+    if let (Some(k), Value::Object(extra)) = (key.as_object_mut(), extra_key) {
+        k.extend(extra);
+    }
+    json!({"event": "messages.upsert", "instance": "x", "data": {"key": key, "pushName": "Ana", "status": "DELIVERY_ACK",
+           "message": {"conversation": text}, "messageType": "conversation", "messageTimestamp": 1763771103,
+           "instanceId": "uuid", "source": "android"},
+           "destination": "…", "date_time": "2025-11-21T21:25:03.966Z", "sender": "5511888888888@s.whatsapp.net",
+           "server_url": "http://evo:8080", "apikey": null})
+}
+
+fn status(id: &str, remote: &str, status: &str) -> Value {
+    json!({"event": "messages.update", "instance": "x", "data": {"keyId": id, "remoteJid": remote, "fromMe": true,
+           "participant": null, "status": status, "pollUpdates": null, "instanceId": "uuid"}})
+}
+
+#[tokio::test]
+async fn only_the_instance_secret_gets_in_and_accepted_posts_are_stored() {
+    let s = setup("ing_auth").await;
+    let body = upsert("5511999990001@s.whatsapp.net", "A1", "hello", json!({}));
+    assert_eq!(s.post_as(&s.cx.tenant.instance_id, None, &body).await, 401);
+    assert_eq!(s.post_as(&s.cx.tenant.instance_id, Some("ing_wrong"), &body).await, 401);
+    assert_eq!(s.post_as("ins_unknown", Some(&s.secret), &body).await, 401);
+    assert!(s.events().await.is_empty(), "nothing from refused posts");
+    assert_eq!(s.post(&body).await, 200);
+    assert_eq!(s.events_named("message.received").await.len(), 1);
+    s.cx.teardown().await;
+}
+
+#[tokio::test]
+async fn an_inbound_message_is_logged_once_and_becomes_message_received() {
+    let s = setup("ing_inbound").await;
+    let body = upsert("5511999990002@s.whatsapp.net", "3AE99D6A1DBF3F9A0578", "Is my order ready?", json!({}));
+    assert_eq!(s.post(&body).await, 200);
+    assert_eq!(s.post(&body).await, 200, "the provider repeats itself");
+    let received = s.events_named("message.received").await;
+    assert_eq!(received.len(), 1, "one event for a duplicate post");
+    let e = &received[0];
+    assert_eq!((e["from"].as_str(), e["message_text"].as_str()), (Some("+5511999990002"), Some("Is my order ready?")));
+    assert_eq!(e["external_message_id"], "3AE99D6A1DBF3F9A0578");
+    assert_eq!(e["instance_id"], s.cx.tenant.instance_id.as_str());
+    assert_eq!(e["timestamp"], "2025-11-22T00:25:03.000Z", "the message's own time, not date_time");
+    let typed: gateway_client::events::MessageReceived = serde_json::from_value(e.clone()).unwrap();
+    assert_eq!(typed.message_type.as_deref(), Some("conversation"));
+    let inbound = s.cx.store().recent_inbound(&s.cx.tenant.customer_id, 10).await.unwrap();
+    assert_eq!(
+        inbound,
+        vec![("+5511999990002".into(), Some("Is my order ready?".into()), "3AE99D6A1DBF3F9A0578".into())]
+    );
+    // Our own messages, status broadcasts and echoes are not inbound messages.
+    let mine = json!({"event": "messages.upsert", "data": {"key": {"remoteJid": "5511@s.whatsapp.net", "fromMe": true, "id": "B"}}});
+    assert_eq!(s.post(&mine).await, 200);
+    assert_eq!(s.post(&upsert("status@broadcast", "C", "story", json!({}))).await, 200);
+    assert_eq!(s.events_named("message.received").await.len(), 1);
+    s.cx.teardown().await;
+}
+
+#[tokio::test]
+async fn a_lid_sender_is_resolved_through_the_learned_map() {
+    let s = setup("ing_lid").await;
+    let first = upsert(
+        "13718@lid",
+        "L1",
+        "Oi",
+        json!({"remoteJidAlt": "5511999990003@s.whatsapp.net", "addressingMode": "lid"}),
+    );
+    assert_eq!(s.post(&first).await, 200);
+    // Later messages carry only the @lid id.
+    assert_eq!(s.post(&upsert("13718@lid", "L2", "Tudo bem?", json!({}))).await, 200);
+    let received = s.events_named("message.received").await;
+    assert_eq!(received.len(), 2);
+    assert!(received.iter().all(|e| e["from"] == "+5511999990003"), "{received:?}");
+    // An unknown @lid stays as it is rather than being guessed.
+    assert_eq!(s.post(&upsert("99999@lid", "L3", "?", json!({}))).await, 200);
+    assert_eq!(s.events_named("message.received").await[2]["from"], "99999@lid");
+    s.cx.teardown().await;
+}
+
+#[tokio::test]
+async fn stop_suppresses_the_sender_and_start_lifts_only_an_opt_out() {
+    let s = setup("ing_optout").await;
+    assert_eq!(s.post(&upsert("5511999990004@s.whatsapp.net", "S1", "  Stop ", json!({}))).await, 200);
+    let opted = s.events_named("recipient.opted_out").await;
+    assert_eq!(opted.len(), 1);
+    assert_eq!(
+        (opted[0]["from"].as_str(), opted[0]["reason"].as_str()),
+        (Some("+5511999990004"), Some("opt_out_keyword"))
+    );
+    let e = expect_error(
+        s.cx.client.message_send(&text("main", "+5511999990004", "hi")).await,
+        403,
+        "recipient_suppressed",
+    );
+    assert_eq!(e.error, "recipient_suppressed");
+    assert_eq!(s.post(&upsert("5511999990004@s.whatsapp.net", "S2", "START", json!({}))).await, 200);
+    assert!(s.cx.client.message_send(&text("main", "+5511999990004", "hi")).await.is_ok(), "START lifted the opt-out");
+    // Arabic, and a manual suppression that START does not lift.
+    assert_eq!(s.post(&upsert("5511999990005@s.whatsapp.net", "S3", "إلغاء", json!({}))).await, 200);
+    assert_eq!(s.events_named("recipient.opted_out").await.len(), 2);
+    s.cx.store().add_suppression(&s.cx.tenant.customer_id, "+5511999990006", "asked by phone", "manual").await.unwrap();
+    assert_eq!(s.post(&upsert("5511999990006@s.whatsapp.net", "S4", "start", json!({}))).await, 200);
+    expect_error(s.cx.client.message_send(&text("main", "+5511999990006", "hi")).await, 403, "recipient_suppressed");
+    // "stop please" is a message, not a keyword.
+    assert_eq!(s.post(&upsert("5511999990007@s.whatsapp.net", "S5", "stop please", json!({}))).await, 200);
+    assert_eq!(s.events_named("recipient.opted_out").await.len(), 2);
+    s.cx.teardown().await;
+}
+
+#[tokio::test]
+async fn statuses_never_go_back_and_duplicates_are_dropped() {
+    let s = setup("ing_status").await;
+    let remote = "5511999990008@s.whatsapp.net";
+    assert_eq!(s.post(&status("M1", remote, "READ")).await, 200);
+    assert_eq!(s.post(&status("M1", remote, "DELIVERY_ACK")).await, 200, "out of order");
+    assert_eq!(s.post(&status("M1", remote, "READ")).await, 200, "duplicate");
+    assert_eq!(s.post(&status("M1", remote, "PLAYED")).await, 200, "played after read");
+    assert_eq!(s.events_named("message.read").await.len(), 1);
+    assert!(s.events_named("message.delivered").await.is_empty(), "never back from read to delivered");
+    assert_eq!(s.post(&status("M2", remote, "SERVER_ACK")).await, 200);
+    assert_eq!(s.post(&status("M2", remote, "DELIVERY_ACK")).await, 200);
+    let delivered = s.events_named("message.delivered").await;
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(
+        (delivered[0]["from"].as_str(), delivered[0]["status"].as_str()),
+        (Some("+5511999990008"), Some("DELIVERY_ACK"))
+    );
+    assert_eq!(s.events_named("message.status_updated").await.len(), 1, "SERVER_ACK");
+    s.cx.teardown().await;
+}
+
+#[tokio::test]
+async fn the_providers_echo_settles_a_send_whose_outcome_was_unknown() {
+    let fake = FakeEvolution::start(KEY).await;
+    let s = {
+        let url = fake.url();
+        let cx = TestContext::with(
+            "ing_settle",
+            |c| {
+                c.provider = "evolution".into();
+                c.evolution_url = Some(url);
+                c.evolution_api_key = Some(KEY.into());
+            },
+            None,
+        )
+        .await;
+        fake.open(&cx.tenant.instance_id);
+        ops::sync_instance_state(cx.store(), &cx.config, &cx.tenant.instance_id).await.unwrap();
+        let secret = fake.instance(&cx.tenant.instance_id).unwrap().webhook.unwrap()["headers"]["x-gateway-ingress"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        Setup { cx, _fake: FakeEvolution::start(KEY).await, secret }
+    };
+    fake.fail_after_send("5511999990009");
+    let e = expect_error(
+        s.cx.client.message_send(&text("main", "+5511999990009", "Your code")).await,
+        502,
+        "gateway_send_failed",
+    );
+    assert_eq!(e.details["reason"], "provider_outcome_unknown");
+    assert!(s.events_named("message.sent").await.is_empty());
+    let echo = json!({"event": "send.message", "instance": "x", "data": {
+        "key": {"remoteJid": "5511999990009@s.whatsapp.net", "fromMe": true, "id": "BAE5FAB1846ED6FE"},
+        "pushName": "", "status": "PENDING", "message": {"conversation": "Your code"}, "messageType": "conversation"}});
+    assert_eq!(s.post(&echo).await, 200);
+    let sent = s.events_named("message.sent").await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        (sent[0]["to"].as_str(), sent[0]["message_id"].as_str()),
+        (Some("+5511999990009"), Some("BAE5FAB1846ED6FE"))
+    );
+    assert_eq!(sent[0]["message_purpose"], "transactional");
+    let log = s.cx.store().recent_log(&s.cx.tenant.customer_id, 1).await.unwrap();
+    assert_eq!((log[0].1.status.as_str(), log[0].1.provider_message_id.as_deref()), ("sent", Some("BAE5FAB1846ED6FE")));
+    // A second echo settles nothing more.
+    assert_eq!(s.post(&echo).await, 200);
+    assert_eq!(s.events_named("message.sent").await.len(), 1);
+    s.cx.teardown().await;
+}
+
+#[tokio::test]
+async fn connection_qr_call_and_group_events() {
+    let s = setup("ing_lifecycle").await;
+    let connection = |state: &str, reason: i64| json!({"event": "connection.update", "instance": "x", "data": {"instance": "x", "state": state, "statusReason": reason}});
+    // Already open (paired in setup): no event for the same state.
+    assert_eq!(s.post(&connection("open", 200)).await, 200);
+    assert!(s.events_named("instance.connected").await.is_empty());
+    assert_eq!(s.post(&connection("close", 401)).await, 200);
+    let down = s.events_named("instance.disconnected").await;
+    assert_eq!((down.len(), down[0]["connection_state"].as_str()), (1, Some("close")));
+    assert_eq!(s.cx.store().instance(&s.cx.tenant.instance_id).await.unwrap().connection_state, "close");
+    assert_eq!(s.post(&connection("connecting", 200)).await, 200);
+    assert_eq!(s.post(&connection("open", 200)).await, 200);
+    assert_eq!(s.events_named("instance.connection_updated").await.len(), 1);
+    assert_eq!(s.events_named("instance.connected").await.len(), 1);
+    assert_eq!(s.cx.store().instance(&s.cx.tenant.instance_id).await.unwrap().connection_state, "open");
+    let qr = json!({"event": "qrcode.updated", "instance": "x", "data": {"qrcode": {"instance": "x", "pairingCode": null,
+                    "code": "2@y8fQ", "base64": "data:image/png;base64,iVBORw0KGgo"}}});
+    assert_eq!(s.post(&qr).await, 200);
+    let limit = json!({"event": "qrcode.updated", "data": {"message": "QR code limit reached, please login again", "statusCode": 500}});
+    assert_eq!(s.post(&limit).await, 200);
+    let qrs = s.events_named("instance.qr_updated").await;
+    assert_eq!((qrs[0]["qr_available"].as_bool(), qrs[1]["qr_available"].as_bool()), (Some(true), Some(false)));
+    let call = |status: &str| {
+        json!({"event": "call", "instance": "x", "data": {"chatId": "5511999990010@s.whatsapp.net",
+               "from": "5511999990010@s.whatsapp.net", "callerPn": "5511999990010@s.whatsapp.net", "isGroup": false,
+               "id": "A1B2C3", "date": "2025-11-21T21:30:00.000Z", "isVideo": false, "status": status}})
+    };
+    assert_eq!(s.post(&call("offer")).await, 200);
+    assert_eq!(s.post(&call("timeout")).await, 200);
+    let received = s.events_named("call.received").await;
+    assert_eq!(
+        (received[0]["from"].as_str(), received[0]["call_status"].as_str()),
+        (Some("+5511999990010"), Some("offer"))
+    );
+    assert_eq!(s.events_named("call.missed").await.len(), 1);
+    let groups = json!({"event": "groups.upsert", "data": [{"id": "120363041967849074@g.us", "subject": "Ops Team"},
+                                                          {"id": "120363041967849075@g.us", "subject": "Sales"}]});
+    assert_eq!(s.post(&groups).await, 200);
+    assert_eq!(s.events_named("group.updated").await.len(), 2);
+    let group_message =
+        upsert("120363041967849074@g.us", "G1", "shift swap?", json!({"participant": "5511999990011@s.whatsapp.net"}));
+    assert_eq!(s.post(&group_message).await, 200);
+    let g = s.events_named("group.message_received").await;
+    assert_eq!(
+        (g[0]["group_id"].as_str(), g[0]["from"].as_str()),
+        (Some("120363041967849074@g.us"), Some("+5511999990011"))
+    );
+    assert!(s.events_named("message.received").await.is_empty(), "a group message is not a direct one");
+    let logout = json!({"event": "logout.instance", "data": null});
+    assert_eq!(s.post(&logout).await, 200);
+    assert_eq!(s.events_named("instance.disconnected").await.len(), 2);
+    s.cx.teardown().await;
+}

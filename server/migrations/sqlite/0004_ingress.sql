@@ -1,0 +1,51 @@
+-- Provider ingress (SQLite; keep in step with postgres/0005_ingress.sql).
+
+-- The hash of the secret the provider sends with its events for this instance.
+ALTER TABLE instances ADD COLUMN ingress_secret_hash TEXT;
+
+-- Every authenticated provider event, stored before the ingress route answers.
+CREATE TABLE provider_events (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    instance_id   TEXT NOT NULL,
+    event         TEXT NOT NULL,
+    payload       TEXT NOT NULL,
+    received_at   BIGINT NOT NULL,
+    processed_at  BIGINT,
+    error         TEXT
+);
+CREATE INDEX provider_events_pending ON provider_events (processed_at, id);
+
+-- Messages received by an instance (the dashboard's inbound log).
+CREATE TABLE inbound_messages (
+    id                  INTEGER PRIMARY KEY AUTOINCREMENT,
+    customer_id         TEXT NOT NULL,
+    instance_id         TEXT NOT NULL,
+    sender              TEXT NOT NULL,               -- E.164, or the raw id when unresolved
+    group_id            TEXT,
+    message_type        TEXT NOT NULL,
+    text                TEXT,
+    external_message_id TEXT NOT NULL,
+    message_at          BIGINT NOT NULL,             -- the message's own timestamp
+    received_at         BIGINT NOT NULL,
+    UNIQUE (instance_id, external_message_id)
+);
+CREATE INDEX inbound_messages_customer ON inbound_messages (customer_id, id);
+
+-- Privacy ids (`...@lid`) resolved to phone numbers, learned from the alternate ids.
+CREATE TABLE lid_map (
+    instance_id TEXT NOT NULL,
+    lid         TEXT NOT NULL,
+    phone       TEXT NOT NULL,
+    learned_at  BIGINT NOT NULL,
+    PRIMARY KEY (instance_id, lid)
+);
+
+-- The furthest delivery status of each sent message (statuses never go back).
+CREATE TABLE message_status (
+    instance_id         TEXT NOT NULL,
+    external_message_id TEXT NOT NULL,
+    status              TEXT NOT NULL,
+    status_rank         BIGINT NOT NULL,
+    updated_at          BIGINT NOT NULL,
+    PRIMARY KEY (instance_id, external_message_id)
+);

@@ -1,0 +1,610 @@
+//! Provider events: stored raw, then applied in one transaction (see `ingress`).
+
+use super::{Instance, Store, StoreError, now_ms};
+use crate::ingress::evolution::{Fact, Keyword, keyword, phone_of, status_rank};
+use gateway_api::events;
+use serde_json::Value;
+use sqlx::{Any, Row, Transaction};
+
+/// How long after an unknown send the provider's echo may settle it.
+const UNKNOWN_SETTLE_WINDOW_MS: i64 = 10 * 60 * 1000;
+
+/// What applying one post did (for the log and the tests).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Customer events written to the outbox, by name.
+    pub events: Vec<String>,
+    /// Facts skipped as duplicates or stale.
+    pub skipped: usize,
+}
+
+fn timestamp(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+impl Store {
+    /// The hash of an instance's ingress secret.
+    pub async fn ingress_secret_hash(&self, instance_id: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT ingress_secret_hash FROM instances WHERE id = $1")
+            .bind(instance_id)
+            .fetch_optional(&self.read)
+            .await?;
+        Ok(row.map(|r| r.try_get::<Option<String>, _>("ingress_secret_hash")).transpose()?.flatten())
+    }
+
+    /// Sets the hash of an instance's ingress secret.
+    pub async fn set_ingress_secret_hash(&self, instance_id: &str, hash: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE instances SET ingress_secret_hash = $1 WHERE id = $2")
+            .bind(hash)
+            .bind(instance_id)
+            .execute(&self.write)
+            .await?;
+        Ok(())
+    }
+
+    /// Stores a provider post as received; its id.
+    pub async fn store_provider_event(&self, instance_id: &str, event: &str, payload: &str) -> Result<i64, StoreError> {
+        let row = sqlx::query(
+            "INSERT INTO provider_events (instance_id, event, payload, received_at) VALUES ($1, $2, $3, $4) RETURNING id",
+        )
+        .bind(instance_id)
+        .bind(event)
+        .bind(payload)
+        .bind(now_ms())
+        .fetch_one(&self.write)
+        .await?;
+        Ok(row.try_get("id")?)
+    }
+
+    /// Records the outcome of applying a stored post.
+    pub async fn finish_provider_event(&self, id: i64, error: Option<&str>) -> Result<(), StoreError> {
+        sqlx::query("UPDATE provider_events SET processed_at = $1, error = $2 WHERE id = $3")
+            .bind(now_ms())
+            .bind(error.map(str::to_string))
+            .bind(id)
+            .execute(&self.write)
+            .await?;
+        Ok(())
+    }
+
+    /// Applies the facts of one post to `instance`, in one transaction.
+    pub async fn apply_facts(
+        &self,
+        instance: &Instance,
+        facts: &[Fact],
+        received_at: i64,
+    ) -> Result<Applied, StoreError> {
+        let mut tx = self.write.begin().await?;
+        let mut applied = Applied::default();
+        let mut state = instance.connection_state.clone();
+        for fact in facts {
+            apply(&mut tx, instance, fact, received_at, &mut state, &mut applied).await?;
+        }
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// Received messages of a customer, newest first: (sender, text, external id).
+    pub async fn recent_inbound(
+        &self,
+        customer_id: &str,
+        limit: i64,
+    ) -> Result<Vec<(String, Option<String>, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT sender, text, external_message_id FROM inbound_messages WHERE customer_id = $1 ORDER BY id DESC LIMIT $2",
+        )
+        .bind(customer_id)
+        .bind(limit)
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter().map(|r| Ok((r.try_get("sender")?, r.try_get("text")?, r.try_get("external_message_id")?))).collect()
+    }
+}
+
+async fn event(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    at: i64,
+    name: &str,
+    body: impl FnOnce(events::EventBase) -> serde_json::Result<Value>,
+    applied: &mut Applied,
+) -> Result<(), StoreError> {
+    let base = events::EventBase {
+        event: name.to_string(),
+        instance_id: instance.id.clone(),
+        instance_name: instance.name.clone(),
+        timestamp: timestamp(at),
+    };
+    let payload = body(base).map_err(|e| StoreError::Conflict(format!("event body: {e}")))?;
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, available_at) \
+         VALUES ($1, $2, $3, $4, $5, $5)",
+    )
+    .bind(&instance.customer_id)
+    .bind(&instance.id)
+    .bind(name)
+    .bind(payload.to_string())
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
+    applied.events.push(name.to_string());
+    Ok(())
+}
+
+/// The phone behind a sender: its own jid, the alternate id (learned for next time),
+/// or what was learned before.
+async fn resolve(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    sender: &crate::ingress::evolution::Sender,
+) -> Result<Option<String>, StoreError> {
+    if let Some(phone) = phone_of(&sender.jid) {
+        return Ok(Some(phone));
+    }
+    if !sender.jid.ends_with("@lid") {
+        return Ok(None);
+    }
+    if let Some(phone) = sender.alternate.as_deref().and_then(phone_of) {
+        sqlx::query(
+            "INSERT INTO lid_map (instance_id, lid, phone, learned_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (instance_id, lid) DO UPDATE SET phone = excluded.phone, learned_at = excluded.learned_at",
+        )
+        .bind(&instance.id)
+        .bind(&sender.jid)
+        .bind(&phone)
+        .bind(now_ms())
+        .execute(&mut **tx)
+        .await?;
+        return Ok(Some(phone));
+    }
+    let row = sqlx::query("SELECT phone FROM lid_map WHERE instance_id = $1 AND lid = $2")
+        .bind(&instance.id)
+        .bind(&sender.jid)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(row.map(|r| r.try_get("phone")).transpose()?)
+}
+
+async fn apply(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    fact: &Fact,
+    received_at: i64,
+    state: &mut String,
+    applied: &mut Applied,
+) -> Result<(), StoreError> {
+    match fact {
+        Fact::Inbound { external_id, sender, group_id, message_type, text, timestamp } => {
+            let phone = resolve(tx, instance, sender).await?;
+            let from = phone.clone().unwrap_or_else(|| sender.jid.clone());
+            let at = timestamp.map(|s| s * 1000).unwrap_or(received_at);
+            let inserted = sqlx::query(
+                "INSERT INTO inbound_messages (customer_id, instance_id, sender, group_id, message_type, text, \
+                 external_message_id, message_at, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 ON CONFLICT (instance_id, external_message_id) DO NOTHING",
+            )
+            .bind(&instance.customer_id)
+            .bind(&instance.id)
+            .bind(&from)
+            .bind(group_id.clone())
+            .bind(message_type)
+            .bind(text.clone())
+            .bind(external_id)
+            .bind(at)
+            .bind(received_at)
+            .execute(&mut **tx)
+            .await?;
+            if inserted.rows_affected() == 0 {
+                applied.skipped += 1;
+                return Ok(());
+            }
+            if let Some(group_id) = group_id {
+                let (group_id, from, text, id) =
+                    (group_id.clone(), Some(from), text.clone(), Some(external_id.clone()));
+                return event(
+                    tx,
+                    instance,
+                    at,
+                    events::GroupMessageReceived::NAME,
+                    |base| {
+                        serde_json::to_value(events::GroupMessageReceived {
+                            base,
+                            group_id,
+                            from,
+                            message_text: text,
+                            external_message_id: id,
+                        })
+                    },
+                    applied,
+                )
+                .await;
+            }
+            let (sender_id, message_text) = (from.clone(), text.clone().unwrap_or_default());
+            let (kind, id) = (Some(message_type.clone()), Some(external_id.clone()));
+            event(
+                tx,
+                instance,
+                at,
+                events::MessageReceived::NAME,
+                |base| {
+                    serde_json::to_value(events::MessageReceived {
+                        base,
+                        from: sender_id,
+                        message_text,
+                        message_type: kind,
+                        external_message_id: id,
+                    })
+                },
+                applied,
+            )
+            .await?;
+            let Some(phone) = phone else {
+                return Ok(());
+            };
+            sqlx::query(
+                "INSERT INTO contact_activity (instance_id, phone, last_inbound_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (instance_id, phone) DO UPDATE SET last_inbound_at = excluded.last_inbound_at \
+                 WHERE contact_activity.last_inbound_at < excluded.last_inbound_at",
+            )
+            .bind(&instance.id)
+            .bind(&phone)
+            .bind(at)
+            .execute(&mut **tx)
+            .await?;
+            match text.as_deref().and_then(keyword) {
+                Some(Keyword::OptOut) => {
+                    // A manual suppression stays as it is; an opt-out adds one.
+                    let added = sqlx::query(
+                        "INSERT INTO suppressed_recipients (customer_id, phone, reason, source, created_at) \
+                         VALUES ($1, $2, $3, 'opt_out', $4) ON CONFLICT (customer_id, phone) DO NOTHING",
+                    )
+                    .bind(&instance.customer_id)
+                    .bind(&phone)
+                    .bind(format!("opt-out keyword {:?}", text.as_deref().unwrap_or_default().trim()))
+                    .bind(now_ms())
+                    .execute(&mut **tx)
+                    .await?;
+                    if added.rows_affected() > 0 {
+                        let text = text.clone();
+                        event(
+                            tx,
+                            instance,
+                            at,
+                            events::RecipientOptedOut::NAME,
+                            |base| {
+                                serde_json::to_value(events::RecipientOptedOut {
+                                    base,
+                                    from: phone,
+                                    reason: "opt_out_keyword".into(),
+                                    message_text: text,
+                                })
+                            },
+                            applied,
+                        )
+                        .await?;
+                    }
+                }
+                Some(Keyword::OptIn) => {
+                    sqlx::query(
+                        "DELETE FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2 AND source = 'opt_out'",
+                    )
+                    .bind(&instance.customer_id)
+                    .bind(&phone)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+                None => {}
+            }
+            Ok(())
+        }
+        Fact::Status { external_id, remote_jid, status } => {
+            let rank = status_rank(status);
+            let previous: Option<i64> = sqlx::query(
+                "SELECT status_rank FROM message_status WHERE instance_id = $1 AND external_message_id = $2",
+            )
+            .bind(&instance.id)
+            .bind(external_id)
+            .fetch_optional(&mut **tx)
+            .await?
+            .map(|r| r.try_get("status_rank"))
+            .transpose()?;
+            if previous.is_some_and(|p| p >= rank) {
+                applied.skipped += 1;
+                return Ok(());
+            }
+            sqlx::query(
+                "INSERT INTO message_status (instance_id, external_message_id, status, status_rank, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (instance_id, external_message_id) DO UPDATE SET \
+                 status = excluded.status, status_rank = excluded.status_rank, updated_at = excluded.updated_at",
+            )
+            .bind(&instance.id)
+            .bind(external_id)
+            .bind(status)
+            .bind(rank)
+            .bind(received_at)
+            .execute(&mut **tx)
+            .await?;
+            // A send whose outcome was unknown is settled by the provider's own event.
+            let settled = sqlx::query(
+                "UPDATE message_log SET status = 'sent' WHERE provider_message_id = $1 AND instance_id = $2 \
+                 AND status = 'unknown' RETURNING recipient, purpose",
+            )
+            .bind(external_id)
+            .bind(&instance.id)
+            .fetch_optional(&mut **tx)
+            .await?;
+            let from = remote_jid.as_deref().and_then(phone_of);
+            if let Some(row) = settled {
+                let to: Option<String> = row.try_get("recipient")?;
+                let purpose: Option<String> = row.try_get("purpose")?;
+                let (to, message_purpose) = (to.unwrap_or_default(), purpose.unwrap_or_default());
+                let message_id = Some(external_id.clone());
+                event(
+                    tx,
+                    instance,
+                    received_at,
+                    events::MessageSent::NAME,
+                    |base| serde_json::to_value(events::MessageSent { base, to, message_purpose, message_id }),
+                    applied,
+                )
+                .await?;
+            }
+            let fields = events::StatusFields {
+                from: from.clone(),
+                external_message_id: Some(external_id.clone()),
+                status: Some(status.clone()),
+            };
+            match status.as_str() {
+                "DELIVERY_ACK" => {
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::MessageDelivered::NAME,
+                        |base| serde_json::to_value(events::MessageDelivered { base, status: fields }),
+                        applied,
+                    )
+                    .await
+                }
+                "READ" => {
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::MessageRead::NAME,
+                        |base| serde_json::to_value(events::MessageRead { base, status: fields }),
+                        applied,
+                    )
+                    .await
+                }
+                // Played is read, unless read was already reported.
+                "PLAYED" if previous.is_none_or(|p| p < status_rank("READ")) => {
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::MessageRead::NAME,
+                        |base| serde_json::to_value(events::MessageRead { base, status: fields }),
+                        applied,
+                    )
+                    .await
+                }
+                "PLAYED" => Ok(()),
+                "ERROR" => {
+                    let row = sqlx::query(
+                        "SELECT recipient, purpose FROM message_log WHERE provider_message_id = $1 AND instance_id = $2",
+                    )
+                    .bind(external_id)
+                    .bind(&instance.id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                    let (to, message_purpose) = match row {
+                        Some(r) => (
+                            r.try_get::<Option<String>, _>("recipient")?.unwrap_or_default(),
+                            r.try_get::<Option<String>, _>("purpose")?.unwrap_or_default(),
+                        ),
+                        None => (from.unwrap_or_default(), String::new()),
+                    };
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::MessageFailed::NAME,
+                        |base| {
+                            serde_json::to_value(events::MessageFailed {
+                                base,
+                                to,
+                                message_purpose,
+                                error: "provider_error".into(),
+                            })
+                        },
+                        applied,
+                    )
+                    .await
+                }
+                _ => {
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::MessageStatusUpdated::NAME,
+                        |base| serde_json::to_value(events::MessageStatusUpdated { base, status: fields }),
+                        applied,
+                    )
+                    .await
+                }
+            }
+        }
+        Fact::Connection { state: reported, .. } => {
+            let stored = match reported.as_str() {
+                "open" => "open",
+                "connecting" => "connecting",
+                _ => "close",
+            };
+            if stored == state.as_str() {
+                applied.skipped += 1;
+                return Ok(());
+            }
+            set_state(tx, instance, stored).await?;
+            *state = stored.to_string();
+            let fields = events::ConnectionFields { connection_state: Some(reported.clone()) };
+            match stored {
+                "open" => {
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::InstanceConnected::NAME,
+                        |base| serde_json::to_value(events::InstanceConnected { base, connection: fields }),
+                        applied,
+                    )
+                    .await
+                }
+                "close" => {
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::InstanceDisconnected::NAME,
+                        |base| serde_json::to_value(events::InstanceDisconnected { base, connection: fields }),
+                        applied,
+                    )
+                    .await
+                }
+                _ => {
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::InstanceConnectionUpdated::NAME,
+                        |base| serde_json::to_value(events::InstanceConnectionUpdated { base, connection: fields }),
+                        applied,
+                    )
+                    .await
+                }
+            }
+        }
+        Fact::SentEcho { external_id, remote_jid } => {
+            // The provider has the message: a recent send to this recipient whose
+            // outcome was unknown went out after all.
+            let Some(to) = phone_of(remote_jid) else {
+                applied.skipped += 1;
+                return Ok(());
+            };
+            let settled = sqlx::query(
+                "UPDATE message_log SET status = 'sent', provider_message_id = $1 WHERE id = (SELECT id FROM message_log \
+                 WHERE instance_id = $2 AND recipient = $3 AND status = 'unknown' AND created_at >= $4 \
+                 ORDER BY id DESC LIMIT 1) RETURNING purpose",
+            )
+            .bind(external_id)
+            .bind(&instance.id)
+            .bind(&to)
+            .bind(received_at - UNKNOWN_SETTLE_WINDOW_MS)
+            .fetch_optional(&mut **tx)
+            .await?;
+            let Some(row) = settled else {
+                applied.skipped += 1;
+                return Ok(());
+            };
+            let message_purpose = row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default();
+            let message_id = Some(external_id.clone());
+            event(
+                tx,
+                instance,
+                received_at,
+                events::MessageSent::NAME,
+                |base| serde_json::to_value(events::MessageSent { base, to, message_purpose, message_id }),
+                applied,
+            )
+            .await
+        }
+        Fact::LoggedOut => {
+            if state.as_str() == "close" {
+                applied.skipped += 1;
+                return Ok(());
+            }
+            set_state(tx, instance, "close").await?;
+            *state = "close".into();
+            let fields = events::ConnectionFields { connection_state: Some("close".into()) };
+            event(
+                tx,
+                instance,
+                received_at,
+                events::InstanceDisconnected::NAME,
+                |base| serde_json::to_value(events::InstanceDisconnected { base, connection: fields }),
+                applied,
+            )
+            .await
+        }
+        Fact::Qr { available, .. } => {
+            let qr_available = Some(*available);
+            event(
+                tx,
+                instance,
+                received_at,
+                events::InstanceQrUpdated::NAME,
+                |base| serde_json::to_value(events::InstanceQrUpdated { base, qr_available }),
+                applied,
+            )
+            .await
+        }
+        Fact::Call { from, status, .. } => {
+            let fields =
+                events::CallFields { from: phone_of(from).or(Some(from.clone())), call_status: Some(status.clone()) };
+            match status.as_str() {
+                "offer" => {
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::CallReceived::NAME,
+                        |base| serde_json::to_value(events::CallReceived { base, call: fields }),
+                        applied,
+                    )
+                    .await
+                }
+                "timeout" => {
+                    event(
+                        tx,
+                        instance,
+                        received_at,
+                        events::CallMissed::NAME,
+                        |base| serde_json::to_value(events::CallMissed { base, call: fields }),
+                        applied,
+                    )
+                    .await
+                }
+                _ => {
+                    applied.skipped += 1;
+                    Ok(())
+                }
+            }
+        }
+        Fact::Group { group_id } => {
+            let group_id = Some(group_id.clone());
+            event(
+                tx,
+                instance,
+                received_at,
+                events::GroupUpdated::NAME,
+                |base| serde_json::to_value(events::GroupUpdated { base, group_id }),
+                applied,
+            )
+            .await
+        }
+        Fact::Ignored(_) => {
+            applied.skipped += 1;
+            Ok(())
+        }
+    }
+}
+
+async fn set_state(tx: &mut Transaction<'static, Any>, instance: &Instance, state: &str) -> Result<(), StoreError> {
+    sqlx::query("UPDATE instances SET connection_state = $1 WHERE id = $2")
+        .bind(state)
+        .bind(&instance.id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
