@@ -30,6 +30,12 @@ pub struct Config {
     pub evolution_api_key: Option<String>,
     /// How long a provider may take to accept a send before it is a failure.
     pub provider_timeout_ms: u64,
+    /// How long a connection change must hold before customers are told (flapping
+    /// connections do not spam them).
+    pub connection_debounce_ms: u64,
+    /// A message the provider accepted but never acknowledged as delivered within this
+    /// time gets `message.failed` with error `no_delivery_ack`.
+    pub delivery_ack_timeout_ms: u64,
     /// Directory of policy modules watched for hot reload (used by the policy engine).
     pub policies_dir: Option<String>,
     /// Lets webhook and media URLs point at loopback addresses (development, tests).
@@ -169,6 +175,8 @@ impl Default for Config {
             evolution_url: None,
             evolution_api_key: None,
             provider_timeout_ms: 15_000,
+            connection_debounce_ms: 10_000,
+            delivery_ack_timeout_ms: 120_000,
             policies_dir: None,
             allow_loopback_targets: false,
             log_format: "json".to_string(),

@@ -139,7 +139,10 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         pbx_events_ms: config.pbx.event_retention_days.max(1) * day_ms,
         webhook_attempts_ms: config.webhooks.retention_days.max(1) * day_ms,
     };
-    let workers = vec![spawn_pruner(store.clone(), retention, log.new(slog::o!("component" => "store")))];
+    let workers = vec![
+        spawn_pruner(store.clone(), retention, log.new(slog::o!("component" => "store"))),
+        spawn_provider_watch(store.clone(), &config, log.new(slog::o!("component" => "ingress"))),
+    ];
     let dispatcher = config.webhooks.dispatch.then(|| {
         let log = log.new(slog::o!("component" => "webhooks"));
         webhooks::Dispatcher::new(store.clone(), config.webhooks.clone(), config.allow_loopback_targets, log).spawn()
@@ -147,6 +150,30 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
           "provider" => &config.provider);
     Ok(RunningServer { http, store, workers, dispatcher, log })
+}
+
+/// Tells customers of connection changes once they have held for the debounce period,
+/// and fails messages the provider never acknowledged as delivered (watchdog).
+fn spawn_provider_watch(store: Store, config: &Config, log: Logger) -> JoinHandle<()> {
+    let debounce = config.connection_debounce_ms as i64;
+    let ack_timeout = config.delivery_ack_timeout_ms as i64;
+    let tick = Duration::from_millis((config.connection_debounce_ms / 2).clamp(50, 1_000));
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(tick);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            let now = store::now_ms();
+            if let Err(e) = store.emit_settled_connections(now - debounce).await {
+                warn!(log, "writing connection events failed"; "error" => %e);
+            }
+            match store.flag_unacknowledged(now - ack_timeout, now - ack_timeout - 24 * 3_600_000).await {
+                Ok(n) if n > 0 => info!(log, "messages never acknowledged as delivered"; "count" => n),
+                Ok(_) => {}
+                Err(e) => warn!(log, "the delivery watchdog failed"; "error" => %e),
+            }
+        }
+    })
 }
 
 /// How long records are kept.

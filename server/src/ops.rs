@@ -180,11 +180,11 @@ pub async fn instance_qr(store: &Store, config: &Config, id: &str, number: Optio
     for _ in 0..3 {
         match evolution.connect(&instance.id, number).await.map_err(|e| OpsError::Invalid(e.to_string()))? {
             provider::evolution::Connect::Open => {
-                store.set_connection_state(&instance.id, "open").await?;
+                store.observe_connection(&instance.id, "open").await?;
                 return Ok(json!({"instance_id": instance.id, "state": "open"}));
             }
             provider::evolution::Connect::Qr(qr) if qr.is_present() => {
-                store.set_connection_state(&instance.id, "connecting").await?;
+                store.observe_connection(&instance.id, "connecting").await?;
                 return Ok(json!({"instance_id": instance.id, "state": "qr_pending", "qr": qr.base64,
                                  "qr_code": qr.code, "pairing_code": qr.pairing_code, "qr_count": qr.count}));
             }
@@ -199,7 +199,7 @@ pub async fn instance_qr(store: &Store, config: &Config, id: &str, number: Optio
 pub async fn sync_instance_state(store: &Store, config: &Config, id: &str) -> Result<Instance, OpsError> {
     let (instance, evolution) = evolution_instance(store, config, id).await?;
     let state = evolution.connection_state(&instance.id).await.map_err(|e| OpsError::Invalid(e.to_string()))?;
-    store.set_connection_state(&instance.id, &state).await?;
+    store.observe_connection(&instance.id, &state).await?;
     Ok(store.instance(&instance.id).await?)
 }
 

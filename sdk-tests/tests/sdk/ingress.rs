@@ -16,6 +16,11 @@ struct Setup {
 }
 
 async fn setup(name: &str) -> Setup {
+    setup_with(name, |_| {}).await
+}
+
+/// Connection changes told after 100 ms; the delivery watchdog out of the way.
+async fn setup_with(name: &str, change: impl FnOnce(&mut gateway_server::config::Config)) -> Setup {
     let fake = FakeEvolution::start(KEY).await;
     let url = fake.url();
     let cx = TestContext::with(
@@ -24,6 +29,9 @@ async fn setup(name: &str) -> Setup {
             c.provider = "evolution".into();
             c.evolution_url = Some(url);
             c.evolution_api_key = Some(KEY.into());
+            c.connection_debounce_ms = 100;
+            c.delivery_ack_timeout_ms = 3_600_000;
+            change(c);
         },
         None,
     )
@@ -37,7 +45,10 @@ async fn setup(name: &str) -> Setup {
         webhook["url"].as_str().unwrap().ends_with(&format!("/internal/provider/evolution/{}", cx.tenant.instance_id))
     );
     let secret = webhook["headers"]["x-gateway-ingress"].as_str().unwrap().to_string();
-    Setup { cx, _fake: fake, secret }
+    let s = Setup { cx, _fake: fake, secret };
+    // Pairing was told to customers, once it held.
+    s.wait_events("instance.connected", 1).await;
+    s
 }
 
 impl Setup {
@@ -60,6 +71,18 @@ impl Setup {
 
     async fn events_named(&self, name: &str) -> Vec<Value> {
         self.events().await.into_iter().filter(|(t, _)| t == name).map(|(_, p)| p).collect()
+    }
+
+    /// Waits until `n` events of this name are in the outbox (written by a worker).
+    async fn wait_events(&self, name: &str, n: usize) -> Vec<Value> {
+        for _ in 0..200 {
+            let events = self.events_named(name).await;
+            if events.len() >= n {
+                return events;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        panic!("fewer than {n} {name} events: {:?}", self.events().await);
     }
 }
 
@@ -87,7 +110,8 @@ async fn only_the_instance_secret_gets_in_and_accepted_posts_are_stored() {
     assert_eq!(s.post_as(&s.cx.tenant.instance_id, None, &body).await, 401);
     assert_eq!(s.post_as(&s.cx.tenant.instance_id, Some("ing_wrong"), &body).await, 401);
     assert_eq!(s.post_as("ins_unknown", Some(&s.secret), &body).await, 401);
-    assert!(s.events().await.is_empty(), "nothing from refused posts");
+    let before = s.events().await.len();
+    assert_eq!(before, 1, "only the pairing's instance.connected, nothing from refused posts");
     assert_eq!(s.post(&body).await, 200);
     assert_eq!(s.events_named("message.received").await.len(), 1);
     s.cx.teardown().await;
@@ -248,17 +272,17 @@ async fn the_providers_echo_settles_a_send_whose_outcome_was_unknown() {
 async fn connection_qr_call_and_group_events() {
     let s = setup("ing_lifecycle").await;
     let connection = |state: &str, reason: i64| json!({"event": "connection.update", "instance": "x", "data": {"instance": "x", "state": state, "statusReason": reason}});
-    // Already open (paired in setup): no event for the same state.
+    // Already open (paired in setup): no change, no event.
     assert_eq!(s.post(&connection("open", 200)).await, 200);
-    assert!(s.events_named("instance.connected").await.is_empty());
+    // A close with 401 is a logout; it is told once it has held (100 ms here).
     assert_eq!(s.post(&connection("close", 401)).await, 200);
-    let down = s.events_named("instance.disconnected").await;
-    assert_eq!((down.len(), down[0]["connection_state"].as_str()), (1, Some("close")));
-    assert_eq!(s.cx.store().instance(&s.cx.tenant.instance_id).await.unwrap().connection_state, "close");
+    assert_eq!(s.cx.store().instance(&s.cx.tenant.instance_id).await.unwrap().connection_state, "close", "at once");
+    let down = s.wait_events("instance.disconnected", 1).await;
+    assert_eq!(down[0]["connection_state"], "logged_out");
     assert_eq!(s.post(&connection("connecting", 200)).await, 200);
+    s.wait_events("instance.connection_updated", 1).await;
     assert_eq!(s.post(&connection("open", 200)).await, 200);
-    assert_eq!(s.events_named("instance.connection_updated").await.len(), 1);
-    assert_eq!(s.events_named("instance.connected").await.len(), 1);
+    s.wait_events("instance.connected", 2).await;
     assert_eq!(s.cx.store().instance(&s.cx.tenant.instance_id).await.unwrap().connection_state, "open");
     let qr = json!({"event": "qrcode.updated", "instance": "x", "data": {"qrcode": {"instance": "x", "pairingCode": null,
                     "code": "2@y8fQ", "base64": "data:image/png;base64,iVBORw0KGgo"}}});
@@ -295,6 +319,42 @@ async fn connection_qr_call_and_group_events() {
     assert!(s.events_named("message.received").await.is_empty(), "a group message is not a direct one");
     let logout = json!({"event": "logout.instance", "data": null});
     assert_eq!(s.post(&logout).await, 200);
-    assert_eq!(s.events_named("instance.disconnected").await.len(), 2);
+    s.wait_events("instance.disconnected", 2).await;
+    s.cx.teardown().await;
+}
+
+#[tokio::test]
+async fn a_flapping_connection_is_not_told_and_a_refused_number_is_a_suspected_ban() {
+    let s = setup_with("ing_flap", |c| c.connection_debounce_ms = 600).await;
+    let connection = |state: &str, reason: i64| json!({"event": "connection.update", "instance": "x", "data": {"instance": "x", "state": state, "statusReason": reason}});
+    // Auto-reconnect: open → connecting → open within the debounce period.
+    for _ in 0..3 {
+        assert_eq!(s.post(&connection("connecting", 428)).await, 200);
+        assert_eq!(s.post(&connection("open", 200)).await, 200);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    let told: Vec<_> = s.events().await.into_iter().filter(|(t, _)| t.starts_with("instance.")).collect();
+    assert_eq!(told.len(), 1, "only the pairing, no event for a flap: {told:?}");
+    // A close with 403: the network refuses the number.
+    assert_eq!(s.post(&connection("close", 403)).await, 200);
+    let down = s.wait_events("instance.disconnected", 1).await;
+    assert_eq!(down[0]["connection_state"], "ban_suspected");
+    s.cx.teardown().await;
+}
+
+#[tokio::test]
+async fn a_message_never_acknowledged_as_delivered_fails_with_no_delivery_ack() {
+    let s = setup_with("ing_watchdog", |c| c.delivery_ack_timeout_ms = 400).await;
+    let acked = s.cx.client.message_send(&text("main", "+5511999990020", "one")).await.unwrap();
+    let pending = s.cx.client.message_send(&text("main", "+5511999990021", "two")).await.unwrap();
+    assert_eq!(s.post(&status(&acked.message_id, "5511999990020@s.whatsapp.net", "DELIVERY_ACK")).await, 200);
+    let failed = s.wait_events("message.failed", 1).await;
+    assert_eq!(
+        (failed[0]["to"].as_str(), failed[0]["error"].as_str()),
+        (Some("+5511999990021"), Some("no_delivery_ack"))
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(s.events_named("message.failed").await.len(), 1, "once, and not for the acknowledged one");
+    assert_ne!(acked.message_id, pending.message_id);
     s.cx.teardown().await;
 }

@@ -49,3 +49,17 @@ CREATE TABLE message_status (
     updated_at          BIGINT NOT NULL,
     PRIMARY KEY (instance_id, external_message_id)
 );
+
+-- Connection changes, told to customers only once they have held for the debounce
+-- period (a flapping connection does not spam them).
+CREATE TABLE connection_changes (
+    instance_id   TEXT PRIMARY KEY,
+    state         TEXT NOT NULL,                      -- open | connecting | close
+    reported      TEXT NOT NULL,                      -- as told: open, close, refused, logged_out, ban_suspected, ...
+    changed_at    BIGINT NOT NULL,
+    emitted_state TEXT                                -- the last state customers were told
+);
+
+-- Delivery watchdog: when a sent message was checked for a delivery acknowledgement.
+ALTER TABLE message_log ADD COLUMN ack_checked_at BIGINT;
+CREATE INDEX message_log_ack ON message_log (status, ack_checked_at, created_at);

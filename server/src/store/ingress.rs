@@ -436,54 +436,20 @@ async fn apply(
                 }
             }
         }
-        Fact::Connection { state: reported, .. } => {
+        Fact::Connection { state: reported, reason } => {
             let stored = match reported.as_str() {
                 "open" => "open",
                 "connecting" => "connecting",
                 _ => "close",
             };
-            if stored == state.as_str() {
-                applied.skipped += 1;
-                return Ok(());
-            }
-            set_state(tx, instance, stored).await?;
-            *state = stored.to_string();
-            let fields = events::ConnectionFields { connection_state: Some(reported.clone()) };
-            match stored {
-                "open" => {
-                    event(
-                        tx,
-                        instance,
-                        received_at,
-                        events::InstanceConnected::NAME,
-                        |base| serde_json::to_value(events::InstanceConnected { base, connection: fields }),
-                        applied,
-                    )
-                    .await
-                }
-                "close" => {
-                    event(
-                        tx,
-                        instance,
-                        received_at,
-                        events::InstanceDisconnected::NAME,
-                        |base| serde_json::to_value(events::InstanceDisconnected { base, connection: fields }),
-                        applied,
-                    )
-                    .await
-                }
-                _ => {
-                    event(
-                        tx,
-                        instance,
-                        received_at,
-                        events::InstanceConnectionUpdated::NAME,
-                        |base| serde_json::to_value(events::InstanceConnectionUpdated { base, connection: fields }),
-                        applied,
-                    )
-                    .await
-                }
-            }
+            // Disconnect codes: 401 is a logout (the device was removed); 402 and 403
+            // mean the network refuses the number: a suspected ban.
+            let reported = match (stored, reason) {
+                ("close", Some(402 | 403)) => "ban_suspected".to_string(),
+                ("close", Some(401)) => "logged_out".to_string(),
+                _ => reported.clone(),
+            };
+            change_state(tx, instance, stored, &reported, received_at, state, applied).await
         }
         Fact::SentEcho { external_id, remote_jid } => {
             // The provider has the message: a recent send to this recipient whose
@@ -519,24 +485,7 @@ async fn apply(
             )
             .await
         }
-        Fact::LoggedOut => {
-            if state.as_str() == "close" {
-                applied.skipped += 1;
-                return Ok(());
-            }
-            set_state(tx, instance, "close").await?;
-            *state = "close".into();
-            let fields = events::ConnectionFields { connection_state: Some("close".into()) };
-            event(
-                tx,
-                instance,
-                received_at,
-                events::InstanceDisconnected::NAME,
-                |base| serde_json::to_value(events::InstanceDisconnected { base, connection: fields }),
-                applied,
-            )
-            .await
-        }
+        Fact::LoggedOut => change_state(tx, instance, "close", "logged_out", received_at, state, applied).await,
         Fact::Qr { available, .. } => {
             let qr_available = Some(*available);
             event(
@@ -607,4 +556,190 @@ async fn set_state(tx: &mut Transaction<'static, Any>, instance: &Instance, stat
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// Stores a new connection state at once (sends use it) and records the change for
+/// the customer event, which `emit_settled_connections` writes once it has held.
+async fn change_state(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    stored: &str,
+    reported: &str,
+    at: i64,
+    state: &mut String,
+    applied: &mut Applied,
+) -> Result<(), StoreError> {
+    if stored == state.as_str() {
+        applied.skipped += 1;
+        return Ok(());
+    }
+    set_state(tx, instance, stored).await?;
+    // The first change of an instance starts from the state it had, as if told.
+    let previous = std::mem::replace(state, stored.to_string());
+    sqlx::query(
+        "INSERT INTO connection_changes (instance_id, state, reported, changed_at, emitted_state) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (instance_id) DO UPDATE SET state = excluded.state, \
+         reported = excluded.reported, changed_at = excluded.changed_at",
+    )
+    .bind(&instance.id)
+    .bind(stored)
+    .bind(reported)
+    .bind(at)
+    .bind(previous)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+const INSTANCE_SQL: &str = "SELECT id, customer_id, name, provider, connection_state, paused, paused_reason, created_at FROM instances \
+     WHERE id = $1";
+
+async fn instance_in(tx: &mut Transaction<'static, Any>, id: &str) -> Result<Instance, StoreError> {
+    let row = sqlx::query(INSTANCE_SQL).bind(id).fetch_one(&mut **tx).await?;
+    Ok(Instance {
+        id: row.try_get("id")?,
+        customer_id: row.try_get("customer_id")?,
+        name: row.try_get("name")?,
+        provider: row.try_get("provider")?,
+        connection_state: row.try_get("connection_state")?,
+        paused: row.try_get::<i64, _>("paused")? != 0,
+        paused_reason: row.try_get("paused_reason")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+impl Store {
+    /// Records a connection state read from the provider outside its events (pairing
+    /// commands): stored at once, told to customers like any other change.
+    pub async fn observe_connection(&self, instance_id: &str, reported: &str) -> Result<(), StoreError> {
+        let stored = match reported {
+            "open" => "open",
+            "connecting" => "connecting",
+            _ => "close",
+        };
+        let mut tx = self.write.begin().await?;
+        let instance = instance_in(&mut tx, instance_id).await?;
+        let mut state = instance.connection_state.clone();
+        let mut applied = Applied::default();
+        change_state(&mut tx, &instance, stored, reported, now_ms(), &mut state, &mut applied).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Writes the `instance.*` event of every connection change that has held since
+    /// `settled_before` and differs from what customers were last told; how many.
+    /// A connection that flapped back within the period gets no event at all.
+    pub async fn emit_settled_connections(&self, settled_before: i64) -> Result<usize, StoreError> {
+        let mut tx = self.write.begin().await?;
+        let rows = sqlx::query(
+            "SELECT instance_id, state, reported, changed_at FROM connection_changes \
+             WHERE changed_at <= $1 AND (emitted_state IS NULL OR emitted_state <> state)",
+        )
+        .bind(settled_before)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut applied = Applied::default();
+        for row in &rows {
+            let instance_id: String = row.try_get("instance_id")?;
+            let instance = instance_in(&mut tx, &instance_id).await?;
+            let stored: String = row.try_get("state")?;
+            let at: i64 = row.try_get("changed_at")?;
+            let fields = events::ConnectionFields { connection_state: Some(row.try_get("reported")?) };
+            match stored.as_str() {
+                "open" => {
+                    event(
+                        &mut tx,
+                        &instance,
+                        at,
+                        events::InstanceConnected::NAME,
+                        |base| serde_json::to_value(events::InstanceConnected { base, connection: fields }),
+                        &mut applied,
+                    )
+                    .await?
+                }
+                "close" => {
+                    event(
+                        &mut tx,
+                        &instance,
+                        at,
+                        events::InstanceDisconnected::NAME,
+                        |base| serde_json::to_value(events::InstanceDisconnected { base, connection: fields }),
+                        &mut applied,
+                    )
+                    .await?
+                }
+                _ => {
+                    event(
+                        &mut tx,
+                        &instance,
+                        at,
+                        events::InstanceConnectionUpdated::NAME,
+                        |base| serde_json::to_value(events::InstanceConnectionUpdated { base, connection: fields }),
+                        &mut applied,
+                    )
+                    .await?
+                }
+            }
+            sqlx::query(
+                "UPDATE connection_changes SET emitted_state = state WHERE instance_id = $1 AND changed_at = $2",
+            )
+            .bind(&instance.id)
+            .bind(at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    /// Delivery watchdog: every message an Evolution instance sent before `cutoff`
+    /// (and after `since`) that the provider never acknowledged as delivered gets a
+    /// `message.failed` with error `no_delivery_ack`, once; how many.
+    pub async fn flag_unacknowledged(&self, cutoff: i64, since: i64) -> Result<usize, StoreError> {
+        let mut tx = self.write.begin().await?;
+        let rows = sqlx::query(
+            "SELECT m.id, m.recipient, m.purpose, m.instance_id FROM message_log m \
+             JOIN instances i ON i.id = m.instance_id AND i.provider = 'evolution' \
+             WHERE m.status = 'sent' AND m.ack_checked_at IS NULL AND m.created_at <= $1 AND m.created_at > $2 \
+             AND m.provider_message_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM message_status s \
+             WHERE s.instance_id = m.instance_id AND s.external_message_id = m.provider_message_id \
+             AND s.status_rank >= 2) LIMIT 500",
+        )
+        .bind(cutoff)
+        .bind(since)
+        .fetch_all(&mut *tx)
+        .await?;
+        let now = now_ms();
+        let mut applied = Applied::default();
+        for row in &rows {
+            let id: i64 = row.try_get("id")?;
+            let instance_id: String = row.try_get("instance_id")?;
+            let instance = instance_in(&mut tx, &instance_id).await?;
+            let to: String = row.try_get::<Option<String>, _>("recipient")?.unwrap_or_default();
+            let message_purpose: String = row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default();
+            event(
+                &mut tx,
+                &instance,
+                now,
+                events::MessageFailed::NAME,
+                |base| {
+                    serde_json::to_value(events::MessageFailed {
+                        base,
+                        to,
+                        message_purpose,
+                        error: "no_delivery_ack".into(),
+                    })
+                },
+                &mut applied,
+            )
+            .await?;
+            sqlx::query("UPDATE message_log SET ack_checked_at = $1 WHERE id = $2")
+                .bind(now)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
 }
