@@ -88,6 +88,20 @@ impl FakeEvolution {
         self.state.lock().unwrap().fail_after_send.insert(number.to_string());
     }
 
+    /// Posts an event for `name` to the webhook the gateway configured for it, with
+    /// its header, as Evolution does; the gateway's status code.
+    pub async fn emit(&self, name: &str, envelope: &Value) -> u16 {
+        let webhook = self.instance(name).and_then(|i| i.webhook).expect("the instance has a webhook");
+        let url = webhook["url"].as_str().expect("webhook url").to_string();
+        let mut request = reqwest::Client::new().post(url).json(envelope);
+        if let Some(headers) = webhook["headers"].as_object() {
+            for (k, v) in headers {
+                request = request.header(k.as_str(), v.as_str().unwrap_or_default());
+            }
+        }
+        request.send().await.expect("the gateway answers").status().as_u16()
+    }
+
     /// Connect answers `{"count": 0}` (Evolution #2385).
     pub fn qr_count_zero(&self, on: bool) {
         self.state.lock().unwrap().qr_count_zero = on;

@@ -84,6 +84,10 @@ impl TestContext {
         };
         let server = start_server_with(log, &config, parts).await.expect("gateway starts");
         let base_url = format!("http://{}", server.local_addr());
+        // Providers reach this gateway at its real port (the configured one is 0).
+        if config.public_url.is_none() {
+            config.public_url = Some(base_url.clone());
+        }
         let tenant = create_tenant(server.store(), &config, "Test customer", Some("starter")).await;
         let client = gateway_client::Client::with_api_key(&base_url, &tenant.api_key);
         TestContext { server, config, base_url, tenant, client, http: reqwest::Client::new(), postgres, _dir: dir }

@@ -11,7 +11,7 @@ const KEY: &str = "global-key-for-tests";
 
 struct Setup {
     cx: TestContext,
-    _fake: FakeEvolution,
+    fake: FakeEvolution,
     secret: String,
 }
 
@@ -45,15 +45,16 @@ async fn setup_with(name: &str, change: impl FnOnce(&mut gateway_server::config:
         webhook["url"].as_str().unwrap().ends_with(&format!("/internal/provider/evolution/{}", cx.tenant.instance_id))
     );
     let secret = webhook["headers"]["x-gateway-ingress"].as_str().unwrap().to_string();
-    let s = Setup { cx, _fake: fake, secret };
+    let s = Setup { cx, fake, secret };
     // Pairing was told to customers, once it held.
     s.wait_events("instance.connected", 1).await;
     s
 }
 
 impl Setup {
+    /// The fake provider posts the event to the webhook the gateway gave it.
     async fn post(&self, envelope: &Value) -> u16 {
-        self.post_as(&self.cx.tenant.instance_id, Some(&self.secret), envelope).await
+        self.fake.emit(&self.cx.tenant.instance_id, envelope).await
     }
 
     async fn post_as(&self, instance: &str, secret: Option<&str>, envelope: &Value) -> u16 {
@@ -239,9 +240,9 @@ async fn the_providers_echo_settles_a_send_whose_outcome_was_unknown() {
             .as_str()
             .unwrap()
             .to_string();
-        Setup { cx, _fake: FakeEvolution::start(KEY).await, secret }
+        Setup { cx, fake, secret }
     };
-    fake.fail_after_send("5511999990009");
+    s.fake.fail_after_send("5511999990009");
     let e = expect_error(
         s.cx.client.message_send(&text("main", "+5511999990009", "Your code")).await,
         502,
@@ -291,6 +292,12 @@ async fn connection_qr_call_and_group_events() {
     assert_eq!(s.post(&limit).await, 200);
     let qrs = s.events_named("instance.qr_updated").await;
     assert_eq!((qrs[0]["qr_available"].as_bool(), qrs[1]["qr_available"].as_bool()), (Some(true), Some(false)));
+    // The dashboard reads the latest QR: gone once the provider stopped issuing codes.
+    let (latest, at) = s.cx.store().latest_qr(&s.cx.tenant.instance_id).await.unwrap();
+    assert_eq!((latest, at.is_some()), (None, true));
+    assert_eq!(s.post(&qr).await, 200);
+    let (latest, _) = s.cx.store().latest_qr(&s.cx.tenant.instance_id).await.unwrap();
+    assert_eq!(latest.as_deref(), Some("data:image/png;base64,iVBORw0KGgo"));
     let call = |status: &str| {
         json!({"event": "call", "instance": "x", "data": {"chatId": "5511999990010@s.whatsapp.net",
                "from": "5511999990010@s.whatsapp.net", "callerPn": "5511999990010@s.whatsapp.net", "isGroup": false,

@@ -63,3 +63,8 @@ CREATE TABLE connection_changes (
 -- Delivery watchdog: when a sent message was checked for a delivery acknowledgement.
 ALTER TABLE message_log ADD COLUMN ack_checked_at BIGINT;
 CREATE INDEX message_log_ack ON message_log (status, ack_checked_at, created_at);
+
+-- The latest pairing QR the provider sent (a data URL), for the dashboard; NULL when
+-- the provider stopped issuing codes.
+ALTER TABLE instances ADD COLUMN qr_code TEXT;
+ALTER TABLE instances ADD COLUMN qr_updated_at BIGINT;

@@ -84,6 +84,17 @@ impl Store {
         Ok(applied)
     }
 
+    /// The latest QR the provider sent for an instance (a data URL, `None` once it
+    /// stopped issuing codes) and when.
+    pub async fn latest_qr(&self, instance_id: &str) -> Result<(Option<String>, Option<i64>), StoreError> {
+        let row = sqlx::query("SELECT qr_code, qr_updated_at FROM instances WHERE id = $1")
+            .bind(instance_id)
+            .fetch_optional(&self.read)
+            .await?
+            .ok_or_else(|| StoreError::NotFound(format!("instance {instance_id}")))?;
+        Ok((row.try_get("qr_code")?, row.try_get("qr_updated_at")?))
+    }
+
     /// Received messages of a customer, newest first: (sender, text, external id).
     pub async fn recent_inbound(
         &self,
@@ -486,7 +497,13 @@ async fn apply(
             .await
         }
         Fact::LoggedOut => change_state(tx, instance, "close", "logged_out", received_at, state, applied).await,
-        Fact::Qr { available, .. } => {
+        Fact::Qr { available, base64, .. } => {
+            sqlx::query("UPDATE instances SET qr_code = $1, qr_updated_at = $2 WHERE id = $3")
+                .bind(base64.clone().filter(|_| *available))
+                .bind(received_at)
+                .bind(&instance.id)
+                .execute(&mut **tx)
+                .await?;
             let qr_available = Some(*available);
             event(
                 tx,
