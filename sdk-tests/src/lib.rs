@@ -51,6 +51,8 @@ impl TestContext {
         let mut config = Config {
             listen: "127.0.0.1:0".parse().unwrap(),
             provider_timeout_ms: 300,
+            // Tests that count events turn the simulator's status reports on themselves.
+            simulator_status_delay_ms: 0,
             log_file: Some(dir.path().join("gateway.log").display().to_string()),
             log_level: "debug".into(),
             ..Config::default()

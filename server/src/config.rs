@@ -33,6 +33,9 @@ pub struct Config {
     /// How long a connection change must hold before customers are told (flapping
     /// connections do not spam them).
     pub connection_debounce_ms: u64,
+    /// The simulator reports a sent message delivered after this long, and read after
+    /// twice this (0: it reports nothing).
+    pub simulator_status_delay_ms: u64,
     /// A message the provider accepted but never acknowledged as delivered within this
     /// time gets `message.failed` with error `no_delivery_ack`.
     pub delivery_ack_timeout_ms: u64,
@@ -177,6 +180,7 @@ impl Default for Config {
             provider_timeout_ms: 15_000,
             connection_debounce_ms: 10_000,
             delivery_ack_timeout_ms: 120_000,
+            simulator_status_delay_ms: 1_000,
             policies_dir: None,
             allow_loopback_targets: false,
             log_format: "json".to_string(),

@@ -32,6 +32,7 @@ async fn serve(url: &str, port: u16, log: &std::path::Path, dispatch: &str) -> C
         ("GATEWAY_ALLOW_LOOPBACK_TARGETS", "1"),
         ("GATEWAY_WEBHOOKS__DISPATCH", dispatch),
         ("GATEWAY_WEBHOOKS__POLL_INTERVAL_MS", "20"),
+        ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0"),
         ("GATEWAY_LOG_FILE", log.as_str()),
     ];
     let mut child = gateway(url, &["serve", "--listen", &listen], &env).stdout(Stdio::null()).spawn().unwrap();

@@ -116,3 +116,23 @@ async fn last_used_at_is_recorded() {
     }
     cx.teardown().await;
 }
+
+#[tokio::test]
+async fn the_simulator_reports_delivered_then_read_like_a_network() {
+    let cx = TestContext::with("sim_statuses", |c| c.simulator_status_delay_ms = 50, None).await;
+    let sent = cx.client.message_send(&text("main", "+14155550190", "Your order has shipped")).await.unwrap();
+    let mut names = Vec::new();
+    for _ in 0..100 {
+        let events = cx.store().outbox_events(&cx.tenant.customer_id).await.unwrap();
+        names = events.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>();
+        if names.len() >= 3 {
+            let read = &events[2].1;
+            assert_eq!(read["external_message_id"], sent.message_id.as_str());
+            assert_eq!(read["from"], "+14155550190");
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(names, ["message.sent", "message.delivered", "message.read"]);
+    cx.teardown().await;
+}

@@ -196,6 +196,9 @@ impl Sender {
                     serde_json::to_value(events::MessageSent { base, to, message_purpose, message_id })
                 });
                 let log_id = self.store.record_attempt(&entry, event.as_ref()).await?;
+                if let Some(instance) = attempt.instance.as_ref().filter(|i| i.provider == "simulator") {
+                    self.simulate_statuses(instance, &receipt.message_id, &entry.recipient.clone().unwrap_or_default());
+                }
                 Ok(Sent {
                     log_id,
                     message_id: receipt.message_id,
@@ -243,6 +246,31 @@ impl Sender {
                 Err(error)
             }
         }
+    }
+
+    /// The simulator's parity with a real network: a sent message is reported
+    /// delivered after `simulator_status_delay_ms`, and read after twice that, through
+    /// the same path as a provider's status events (0 turns this off).
+    fn simulate_statuses(&self, instance: &Instance, message_id: &str, recipient: &str) {
+        let delay = self.config.simulator_status_delay_ms;
+        if delay == 0 {
+            return;
+        }
+        let (store, instance) = (self.store.clone(), instance.clone());
+        let remote = Some(format!("{}@s.whatsapp.net", recipient.trim_start_matches('+')));
+        let id = message_id.to_string();
+        tokio::spawn(async move {
+            for status in ["DELIVERY_ACK", "READ"] {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                let fact = crate::ingress::evolution::Fact::Status {
+                    external_id: id.clone(),
+                    remote_jid: remote.clone(),
+                    status: status.into(),
+                };
+                // A lost simulated status is only a missing event; nothing to retry.
+                let _ = store.apply_facts(&instance, &[fact], now_ms()).await;
+            }
+        });
     }
 
     /// Logs a request refused before the pipeline could read it (content type, JSON,
