@@ -176,6 +176,10 @@ pub async fn create_instance_with(
 /// that it is connected (then the stored state says so). A QR the provider fails to
 /// return (`count: 0`) is asked for again, then reported as expired, never as a blank.
 pub async fn instance_qr(store: &Store, config: &Config, id: &str, number: Option<&str>) -> Result<Value, OpsError> {
+    let instance = store.instance(id).await?;
+    if instance.provider == "simulator" {
+        return simulator_qr(store, &instance).await;
+    }
     let (instance, evolution) = evolution_instance(store, config, id).await?;
     for _ in 0..3 {
         match evolution.connect(&instance.id, number).await.map_err(|e| OpsError::Invalid(e.to_string()))? {
@@ -193,6 +197,38 @@ pub async fn instance_qr(store: &Store, config: &Config, id: &str, number: Optio
     }
     Ok(json!({"instance_id": instance.id, "state": "qr_expired",
               "hint": "the provider returned no QR code; run this again, or log the instance out and retry"}))
+}
+
+/// Simulated pairing: a real QR image (SVG data URL) of a fresh pairing token; the
+/// instance connects when the operator confirms ([`confirm_pairing`]), as a phone
+/// would after scanning.
+async fn simulator_qr(store: &Store, instance: &Instance) -> Result<Value, OpsError> {
+    if instance.connection_state == "open" {
+        return Ok(json!({"instance_id": instance.id, "state": "open"}));
+    }
+    let token = format!("SIMPAIR-{}", crate::apikey::random_base62(24));
+    let code = qrcode::QrCode::new(token.as_bytes()).map_err(|e| OpsError::Invalid(format!("QR: {e}")))?;
+    let svg = code.render::<qrcode::render::svg::Color<'_>>().min_dimensions(200, 200).build();
+    use base64::Engine;
+    let data_url = format!("data:image/svg+xml;base64,{}", base64::engine::general_purpose::STANDARD.encode(svg));
+    store.store_qr(&instance.id, Some(&data_url)).await?;
+    store.observe_connection(&instance.id, "connecting").await?;
+    Ok(json!({"instance_id": instance.id, "state": "qr_pending", "qr": data_url, "qr_code": token,
+              "hint": "simulator: run `gateway instance confirm-pairing ID` to connect, as a phone would"}))
+}
+
+/// Simulated pairing: the operator confirms the QR was "scanned"; the instance connects.
+pub async fn confirm_pairing(store: &Store, id: &str) -> Result<Instance, OpsError> {
+    let instance = store.instance(id).await?;
+    if instance.provider != "simulator" {
+        return Err(OpsError::Invalid("only simulator instances are paired by confirmation".into()));
+    }
+    if instance.connection_state != "connecting" {
+        return Err(OpsError::Invalid("show the QR first (`gateway instance qr ID`)".into()));
+    }
+    store.store_qr(id, None).await?;
+    store.observe_connection(id, "open").await?;
+    Ok(store.instance(id).await?)
 }
 
 /// Reads an Evolution instance's connection state from the provider and stores it.

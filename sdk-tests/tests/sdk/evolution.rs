@@ -160,8 +160,50 @@ async fn pairing_shows_the_qr_or_says_it_expired_and_creation_failures_keep_noth
     let refused = ops::create_instance(cx.store(), &config, &customer, "third", false).await;
     assert!(refused.unwrap_err().to_string().contains("did not create"));
     assert!(cx.store().find_instance(&customer, "third").await.unwrap().is_none());
-    // A simulator instance has no QR.
+    // A connected simulator instance needs no QR.
     let sim = ops::create_instance_with(cx.store(), &cx.config, &customer, "sim", "simulator", true).await.unwrap();
-    assert!(ops::instance_qr(cx.store(), &cx.config, &sim.id, None).await.is_err());
+    assert_eq!(ops::instance_qr(cx.store(), &cx.config, &sim.id, None).await.unwrap()["state"], "open");
+    cx.teardown().await;
+}
+
+#[tokio::test]
+async fn the_simulator_pairs_with_a_real_qr_and_the_operators_confirmation() {
+    let cx = TestContext::with("sim_pairing", |c| c.connection_debounce_ms = 50, None).await;
+    let customer = cx.tenant.customer_id.clone();
+    ops::assign_plan(cx.store(), &customer, "scale", true).await.unwrap();
+    let sim = ops::create_instance(cx.store(), &cx.config, &customer, "front-desk", false).await.unwrap();
+    assert!(ops::confirm_pairing(cx.store(), &sim.id).await.is_err(), "no QR shown yet");
+    let qr = ops::instance_qr(cx.store(), &cx.config, &sim.id, None).await.unwrap();
+    assert_eq!(qr["state"], "qr_pending");
+    let data_url = qr["qr"].as_str().unwrap();
+    let svg = {
+        use base64::Engine;
+        let b64 = data_url.strip_prefix("data:image/svg+xml;base64,").unwrap();
+        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64).unwrap()).unwrap()
+    };
+    assert!(svg.contains("<svg") && svg.contains("<path"), "a real QR image");
+    assert!(qr["qr_code"].as_str().unwrap().starts_with("SIMPAIR-"));
+    assert_eq!(cx.store().latest_qr(&sim.id).await.unwrap().0.as_deref(), Some(data_url));
+    let paired = ops::confirm_pairing(cx.store(), &sim.id).await.unwrap();
+    assert_eq!(paired.connection_state, "open");
+    assert_eq!(cx.store().latest_qr(&sim.id).await.unwrap().0, None);
+    // Customers hear of it once it held.
+    let mut connected = Vec::new();
+    for _ in 0..100 {
+        connected = cx
+            .store()
+            .outbox_events(&customer)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|(t, _)| t == "instance.connected")
+            .collect();
+        if !connected.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(connected.len(), 1);
+    assert_eq!(connected[0].1["instance_id"], sim.id.as_str());
     cx.teardown().await;
 }

@@ -318,6 +318,8 @@ enum InstanceCommand {
     },
     /// Read the instance's connection state from its provider (evolution) and store it.
     State { id: String },
+    /// Simulator: confirm the QR shown by `instance qr` was scanned; the instance connects.
+    ConfirmPairing { id: String },
     /// Pause an instance for responsible-messaging review.
     Pause {
         id: String,
@@ -429,6 +431,7 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<Val
                 ops::instance_qr(store, config, &id, number.as_deref()).await?
             }
             InstanceCommand::State { id } => ops::instance_json(&ops::sync_instance_state(store, config, &id).await?),
+            InstanceCommand::ConfirmPairing { id } => ops::instance_json(&ops::confirm_pairing(store, &id).await?),
             InstanceCommand::Pause { id, reason } => {
                 ops::instance_json(&store.set_paused(&id, true, Some(reason.as_deref().unwrap_or("review"))).await?)
             }

@@ -95,6 +95,17 @@ impl Store {
         Ok((row.try_get("qr_code")?, row.try_get("qr_updated_at")?))
     }
 
+    /// Stores (or clears) an instance's current pairing QR.
+    pub async fn store_qr(&self, instance_id: &str, qr: Option<&str>) -> Result<(), StoreError> {
+        sqlx::query("UPDATE instances SET qr_code = $1, qr_updated_at = $2 WHERE id = $3")
+            .bind(qr.map(str::to_string))
+            .bind(now_ms())
+            .bind(instance_id)
+            .execute(&self.write)
+            .await?;
+        Ok(())
+    }
+
     /// Received messages of a customer, newest first: (sender, text, external id).
     pub async fn recent_inbound(
         &self,
