@@ -167,6 +167,9 @@ fn spawn_provider_watch(store: Store, config: &Config, log: Logger) -> JoinHandl
             if let Err(e) = store.emit_settled_connections(now - debounce).await {
                 warn!(log, "writing connection events failed"; "error" => %e);
             }
+            if let Err(e) = store.close_conversations(now).await {
+                warn!(log, "closing conversation windows failed"; "error" => %e);
+            }
             match store.flag_unacknowledged(now - ack_timeout, now - ack_timeout - 24 * 3_600_000).await {
                 Ok(n) if n > 0 => info!(log, "messages never acknowledged as delivered"; "count" => n),
                 Ok(_) => {}

@@ -365,3 +365,72 @@ async fn a_message_never_acknowledged_as_delivered_fails_with_no_delivery_ack() 
     assert_ne!(acked.message_id, pending.message_id);
     s.cx.teardown().await;
 }
+
+#[tokio::test]
+async fn the_rest_of_the_mapping_table() {
+    let s = setup("ing_mapping").await;
+    let call = |id: &str, status: &str| {
+        json!({"event": "call", "instance": "x", "data": {"chatId": "5511999990030@s.whatsapp.net",
+               "from": "5511999990030@s.whatsapp.net", "isGroup": false, "id": id, "isVideo": false, "status": status}})
+    };
+    // Ended without anyone answering: missed. Answered, then ended: not missed.
+    for (id, statuses) in [
+        ("C1", vec!["offer", "terminate"]),
+        ("C2", vec!["offer", "accept", "terminate"]),
+        ("C3", vec!["offer", "reject"]),
+    ] {
+        for status in statuses {
+            assert_eq!(s.post(&call(id, status)).await, 200);
+        }
+    }
+    assert_eq!(s.post(&call("C1", "terminate")).await, 200, "a repeat");
+    assert_eq!(s.events_named("call.received").await.len(), 3);
+    assert_eq!(s.events_named("call.missed").await.len(), 2, "C1 and C3");
+    // A status ERROR for a message we sent: message.failed with its recipient and purpose.
+    let sent = s.cx.client.message_send(&text("main", "+5511999990031", "hello")).await.unwrap();
+    assert_eq!(s.post(&status(&sent.message_id, "5511999990031@s.whatsapp.net", "ERROR")).await, 200);
+    let failed = s.events_named("message.failed").await;
+    assert_eq!(
+        (failed[0]["to"].as_str(), failed[0]["message_purpose"].as_str(), failed[0]["error"].as_str()),
+        (Some("+5511999990031"), Some("transactional"), Some("provider_error"))
+    );
+    // Participants changed: group.updated.
+    let participants = json!({"event": "group-participants.update", "data": {"id": "120363041967849076@g.us",
+        "participants": ["5511999990032@s.whatsapp.net"], "action": "add"}});
+    assert_eq!(s.post(&participants).await, 200);
+    assert_eq!(s.events_named("group.updated").await[0]["group_id"], "120363041967849076@g.us");
+    // status.instance closed (a permanent close): disconnected.
+    let closed = json!({"event": "status.instance", "data": {"instance": "x", "status": "closed",
+        "disconnectionAt": "2025-11-21T21:30:00.000Z", "disconnectionReasonCode": 401}});
+    assert_eq!(s.post(&closed).await, 200);
+    s.wait_events("instance.disconnected", 1).await;
+    s.cx.teardown().await;
+}
+
+#[tokio::test]
+async fn a_conversation_window_opens_with_a_message_and_closes_after_a_day() {
+    let s = setup("ing_window").await;
+    let now_s = gateway_server::store::now_ms() / 1000;
+    let at = |id: &str, text: &str, t: i64| {
+        let mut body = upsert("5511999990040@s.whatsapp.net", id, text, json!({}));
+        body["data"]["messageTimestamp"] = json!(t);
+        body
+    };
+    assert_eq!(s.post(&at("W1", "hi", now_s - 60)).await, 200);
+    assert_eq!(s.post(&at("W2", "still there?", now_s)).await, 200);
+    let opened = s.events_named("conversation.updated").await;
+    assert_eq!(opened.len(), 1, "one window for both messages");
+    assert_eq!(
+        (opened[0]["conversation_id"].as_str(), opened[0]["conversation_state"].as_str()),
+        (Some("+5511999990040"), Some("open"))
+    );
+    // Not yet closed; a day after the last message it is reported closed, once.
+    let now = gateway_server::store::now_ms();
+    assert_eq!(s.cx.store().close_conversations(now).await.unwrap(), 0);
+    let day_later = now + 24 * 3_600_000 + 1_000;
+    assert_eq!(s.cx.store().close_conversations(day_later).await.unwrap(), 1);
+    assert_eq!(s.cx.store().close_conversations(day_later).await.unwrap(), 0);
+    let updates = s.events_named("conversation.updated").await;
+    assert_eq!(updates[1]["conversation_state"], "closed");
+    s.cx.teardown().await;
+}

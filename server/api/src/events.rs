@@ -151,8 +151,13 @@ events! {
     }
     /// A conversation window opened or closed.
     ConversationUpdated = "conversation.updated" {
+        /// The contact (E.164) the conversation is with.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub conversation_id: Option<String>,
+        /// `open` when the contact wrote and a 24-hour window opened, `closed` when it
+        /// ended (additive to the specification's fields).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub conversation_state: Option<String>,
     }
     /// A call came in.
     CallReceived = "call.received" {

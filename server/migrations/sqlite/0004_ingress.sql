@@ -68,3 +68,17 @@ CREATE INDEX message_log_ack ON message_log (status, ack_checked_at, created_at)
 -- the provider stopped issuing codes.
 ALTER TABLE instances ADD COLUMN qr_code TEXT;
 ALTER TABLE instances ADD COLUMN qr_updated_at BIGINT;
+
+-- Calls seen, to tell a missed call from an answered one.
+CREATE TABLE calls (
+    instance_id TEXT NOT NULL,
+    call_id     TEXT NOT NULL,
+    answered    BIGINT NOT NULL DEFAULT 0,
+    missed      BIGINT NOT NULL DEFAULT 0,
+    seen_at     BIGINT NOT NULL,
+    PRIMARY KEY (instance_id, call_id)
+);
+
+-- When the 24-hour conversation window after a contact's last message was reported
+-- closed.
+ALTER TABLE contact_activity ADD COLUMN window_closed_at BIGINT;

@@ -6,6 +6,9 @@ use gateway_api::events;
 use serde_json::Value;
 use sqlx::{Any, Row, Transaction};
 
+/// How long a conversation window stays open after the contact's last message.
+pub const CONVERSATION_WINDOW_MS: i64 = 24 * 3_600_000;
+
 /// How long after an unknown send the provider's echo may settle it.
 const UNKNOWN_SETTLE_WINDOW_MS: i64 = 10 * 60 * 1000;
 
@@ -264,6 +267,33 @@ async fn apply(
             let Some(phone) = phone else {
                 return Ok(());
             };
+            // A message after 24 hours of silence (or the first) opens a conversation window.
+            let last: Option<i64> =
+                sqlx::query("SELECT last_inbound_at FROM contact_activity WHERE instance_id = $1 AND phone = $2")
+                    .bind(&instance.id)
+                    .bind(&phone)
+                    .fetch_optional(&mut **tx)
+                    .await?
+                    .map(|r| r.try_get("last_inbound_at"))
+                    .transpose()?;
+            if last.is_none_or(|last| last <= at - CONVERSATION_WINDOW_MS) {
+                let conversation_id = Some(phone.clone());
+                event(
+                    tx,
+                    instance,
+                    at,
+                    events::ConversationUpdated::NAME,
+                    |base| {
+                        serde_json::to_value(events::ConversationUpdated {
+                            base,
+                            conversation_id,
+                            conversation_state: Some("open".into()),
+                        })
+                    },
+                    applied,
+                )
+                .await?;
+            }
             sqlx::query(
                 "INSERT INTO contact_activity (instance_id, phone, last_inbound_at) VALUES ($1, $2, $3) \
                  ON CONFLICT (instance_id, phone) DO UPDATE SET last_inbound_at = excluded.last_inbound_at \
@@ -526,9 +556,18 @@ async fn apply(
             )
             .await
         }
-        Fact::Call { from, status, .. } => {
+        Fact::Call { id, from, status } => {
             let fields =
                 events::CallFields { from: phone_of(from).or(Some(from.clone())), call_status: Some(status.clone()) };
+            sqlx::query(
+                "INSERT INTO calls (instance_id, call_id, seen_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (instance_id, call_id) DO NOTHING",
+            )
+            .bind(&instance.id)
+            .bind(id)
+            .bind(received_at)
+            .execute(&mut **tx)
+            .await?;
             match status.as_str() {
                 "offer" => {
                     event(
@@ -541,7 +580,28 @@ async fn apply(
                     )
                     .await
                 }
-                "timeout" => {
+                "accept" => {
+                    sqlx::query("UPDATE calls SET answered = 1 WHERE instance_id = $1 AND call_id = $2")
+                        .bind(&instance.id)
+                        .bind(id)
+                        .execute(&mut **tx)
+                        .await?;
+                    Ok(())
+                }
+                // Not answered: timed out, rejected, or ended before anyone picked up.
+                "timeout" | "reject" | "terminate" => {
+                    let missed = sqlx::query(
+                        "UPDATE calls SET missed = 1 WHERE instance_id = $1 AND call_id = $2 AND answered = 0 \
+                         AND missed = 0",
+                    )
+                    .bind(&instance.id)
+                    .bind(id)
+                    .execute(&mut **tx)
+                    .await?;
+                    if missed.rows_affected() == 0 {
+                        applied.skipped += 1;
+                        return Ok(());
+                    }
                     event(
                         tx,
                         instance,
@@ -715,6 +775,50 @@ impl Store {
             .bind(at)
             .execute(&mut *tx)
             .await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    /// Reports `conversation.updated` (closed) for every conversation whose window
+    /// ended (no message from the contact for 24 hours at `now`); how many.
+    pub async fn close_conversations(&self, now: i64) -> Result<usize, StoreError> {
+        let mut tx = self.write.begin().await?;
+        let rows = sqlx::query(
+            "SELECT instance_id, phone, last_inbound_at FROM contact_activity WHERE last_inbound_at <= $1 \
+             AND (window_closed_at IS NULL OR window_closed_at < last_inbound_at) LIMIT 500",
+        )
+        .bind(now - CONVERSATION_WINDOW_MS)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut applied = Applied::default();
+        for row in &rows {
+            let instance_id: String = row.try_get("instance_id")?;
+            let phone: String = row.try_get("phone")?;
+            let last: i64 = row.try_get("last_inbound_at")?;
+            let instance = instance_in(&mut tx, &instance_id).await?;
+            let conversation_id = Some(phone.clone());
+            event(
+                &mut tx,
+                &instance,
+                last + CONVERSATION_WINDOW_MS,
+                events::ConversationUpdated::NAME,
+                |base| {
+                    serde_json::to_value(events::ConversationUpdated {
+                        base,
+                        conversation_id,
+                        conversation_state: Some("closed".into()),
+                    })
+                },
+                &mut applied,
+            )
+            .await?;
+            sqlx::query("UPDATE contact_activity SET window_closed_at = $1 WHERE instance_id = $2 AND phone = $3")
+                .bind(now)
+                .bind(&instance_id)
+                .bind(&phone)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(rows.len())
