@@ -61,6 +61,8 @@ fn operator_commands_print_json_and_ids() {
     let instance = cli.ok(&["instance", "create", "--customer", id, "--name", "front-desk", "--connected"]);
     assert!(instance["id"].as_str().unwrap().starts_with("ins_"));
     assert_eq!(instance["connection_state"], "open");
+    let shown = cli.ok(&["instance", "show", instance["id"].as_str().unwrap()]);
+    assert_eq!((shown["lifecycle"].as_str(), shown["qr"].clone()), (Some("connected"), Value::Null));
     let paused = cli.ok(&["instance", "pause", instance["id"].as_str().unwrap(), "--reason", "complaints"]);
     assert_eq!((paused["paused"].as_bool(), paused["paused_reason"].as_str()), (Some(true), Some("complaints")));
     let resumed = cli.ok(&["instance", "resume", instance["id"].as_str().unwrap()]);

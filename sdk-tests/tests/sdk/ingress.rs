@@ -342,10 +342,23 @@ async fn a_flapping_connection_is_not_told_and_a_refused_number_is_a_suspected_b
     tokio::time::sleep(std::time::Duration::from_millis(900)).await;
     let told: Vec<_> = s.events().await.into_iter().filter(|(t, _)| t.starts_with("instance.")).collect();
     assert_eq!(told.len(), 1, "only the pairing, no event for a flap: {told:?}");
+    let instance = || async { s.cx.store().instance(&s.cx.tenant.instance_id).await.unwrap() };
+    assert_eq!(s.cx.store().lifecycle(&instance().await).await.unwrap(), "connected");
     // A close with 403: the network refuses the number.
     assert_eq!(s.post(&connection("close", 403)).await, 200);
     let down = s.wait_events("instance.disconnected", 1).await;
     assert_eq!(down[0]["connection_state"], "ban_suspected");
+    assert_eq!(s.cx.store().lifecycle(&instance().await).await.unwrap(), "ban_suspected");
+    // Pairing again until the QR limit: refused, told as such.
+    assert_eq!(s.post(&connection("connecting", 200)).await, 200);
+    s.wait_events("instance.connection_updated", 1).await;
+    assert_eq!(s.cx.store().lifecycle(&instance().await).await.unwrap(), "qr_pending");
+    let limit = json!({"event": "qrcode.updated", "data": {"message": "QR code limit reached, please login again", "statusCode": 500}});
+    assert_eq!(s.post(&limit).await, 200);
+    assert_eq!(s.post(&connection("refused", 500)).await, 200);
+    let down = s.wait_events("instance.disconnected", 2).await;
+    assert_eq!(down[1]["connection_state"], "refused");
+    assert_eq!(s.cx.store().lifecycle(&instance().await).await.unwrap(), "disconnected");
     s.cx.teardown().await;
 }
 

@@ -320,6 +320,8 @@ enum InstanceCommand {
     State { id: String },
     /// Simulator: confirm the QR shown by `instance qr` was scanned; the instance connects.
     ConfirmPairing { id: String },
+    /// Show an instance with its lifecycle state and latest QR.
+    Show { id: String },
     /// Pause an instance for responsible-messaging review.
     Pause {
         id: String,
@@ -432,6 +434,15 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<Val
             }
             InstanceCommand::State { id } => ops::instance_json(&ops::sync_instance_state(store, config, &id).await?),
             InstanceCommand::ConfirmPairing { id } => ops::instance_json(&ops::confirm_pairing(store, &id).await?),
+            InstanceCommand::Show { id } => {
+                let instance = store.instance(&id).await?;
+                let mut out = ops::instance_json(&instance);
+                out["lifecycle"] = json!(store.lifecycle(&instance).await?);
+                let (qr, qr_updated_at) = store.latest_qr(&id).await?;
+                out["qr"] = json!(qr);
+                out["qr_updated_at"] = json!(qr_updated_at);
+                out
+            }
             InstanceCommand::Pause { id, reason } => {
                 ops::instance_json(&store.set_paused(&id, true, Some(reason.as_deref().unwrap_or("review"))).await?)
             }

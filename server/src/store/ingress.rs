@@ -98,6 +98,24 @@ impl Store {
         Ok((row.try_get("qr_code")?, row.try_get("qr_updated_at")?))
     }
 
+    /// An instance's lifecycle state: `created` (never paired), `qr_pending`,
+    /// `connected`, `disconnected`, or `ban_suspected` (closed with a disconnect code
+    /// that means the network refuses the number).
+    pub async fn lifecycle(&self, instance: &Instance) -> Result<&'static str, StoreError> {
+        let change = sqlx::query("SELECT reported FROM connection_changes WHERE instance_id = $1")
+            .bind(&instance.id)
+            .fetch_optional(&self.read)
+            .await?;
+        let reported: Option<String> = change.map(|r| r.try_get("reported")).transpose()?;
+        Ok(match (instance.connection_state.as_str(), reported.as_deref()) {
+            ("open", _) => "connected",
+            ("connecting", _) => "qr_pending",
+            (_, Some("ban_suspected")) => "ban_suspected",
+            (_, Some(_)) => "disconnected",
+            (_, None) => "created",
+        })
+    }
+
     /// Stores (or clears) an instance's current pairing QR.
     pub async fn store_qr(&self, instance_id: &str, qr: Option<&str>) -> Result<(), StoreError> {
         sqlx::query("UPDATE instances SET qr_code = $1, qr_updated_at = $2 WHERE id = $3")
