@@ -62,6 +62,13 @@ impl FakeEvolution {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// Points a gateway configuration at this fake as its (default) provider.
+    pub fn configure(&self, config: &mut gateway_server::config::Config) {
+        config.provider = "evolution".into();
+        config.evolution_url = Some(self.url());
+        config.evolution_api_key = Some(self.key.clone());
+    }
+
     /// The phone scanned the QR: the instance is connected.
     pub fn open(&self, name: &str) {
         if let Some(i) = self.state.lock().unwrap().instances.get_mut(name) {

@@ -231,6 +231,15 @@ pub async fn confirm_pairing(store: &Store, id: &str) -> Result<Instance, OpsErr
     Ok(store.instance(id).await?)
 }
 
+/// Logs an Evolution instance out of the messaging network (to pair another phone, or
+/// after a suspected ban); the stored state follows.
+pub async fn logout_instance(store: &Store, config: &Config, id: &str) -> Result<Instance, OpsError> {
+    let (instance, evolution) = evolution_instance(store, config, id).await?;
+    evolution.logout(&instance.id).await.map_err(|e| OpsError::Invalid(e.to_string()))?;
+    store.observe_connection(&instance.id, "logged_out").await?;
+    Ok(store.instance(&instance.id).await?)
+}
+
 /// Reads an Evolution instance's connection state from the provider and stores it.
 pub async fn sync_instance_state(store: &Store, config: &Config, id: &str) -> Result<Instance, OpsError> {
     let (instance, evolution) = evolution_instance(store, config, id).await?;

@@ -56,13 +56,10 @@ async fn instance_calls_and_the_error_envelope() {
 }
 
 async fn evolution_context(name: &str, fake: &FakeEvolution) -> TestContext {
-    let url = fake.url();
     let cx = TestContext::with(
         name,
         |c| {
-            c.provider = "evolution".into();
-            c.evolution_url = Some(url);
-            c.evolution_api_key = Some(KEY.into());
+            fake.configure(c);
             c.provider_timeout_ms = 2_000;
         },
         None,
@@ -121,8 +118,10 @@ async fn sends_go_through_evolution_with_typed_failures() {
     );
     assert_eq!(sent_body["media"], "JVBERi0xLjcKMSAwIG9iago8PD4+CmVuZG9iago=");
 
-    // The phone logged out: the provider refuses (Connection Closed), a clean failure.
-    Evolution::new(&fake.url(), KEY, Duration::from_secs(2)).logout(&cx.tenant.instance_id).await.unwrap();
+    // Logged out (by the operator): the provider refuses (Connection Closed), a clean failure.
+    let out = ops::logout_instance(cx.store(), &cx.config, &cx.tenant.instance_id).await.unwrap();
+    assert_eq!(out.connection_state, "close");
+    assert_eq!(fake.instance(&cx.tenant.instance_id).unwrap().state, "close");
     let e = expect_error(cx.client.message_send(&text("main", "+14155550154", "x")).await, 502, "gateway_send_failed");
     assert_eq!(e.details["reason"], "provider_rejected");
     cx.teardown().await;

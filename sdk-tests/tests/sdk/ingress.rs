@@ -22,13 +22,10 @@ async fn setup(name: &str) -> Setup {
 /// Connection changes told after 100 ms; the delivery watchdog out of the way.
 async fn setup_with(name: &str, change: impl FnOnce(&mut gateway_server::config::Config)) -> Setup {
     let fake = FakeEvolution::start(KEY).await;
-    let url = fake.url();
     let cx = TestContext::with(
         name,
         |c| {
-            c.provider = "evolution".into();
-            c.evolution_url = Some(url);
-            c.evolution_api_key = Some(KEY.into());
+            fake.configure(c);
             c.connection_debounce_ms = 100;
             c.delivery_ack_timeout_ms = 3_600_000;
             change(c);
@@ -223,13 +220,10 @@ async fn statuses_never_go_back_and_duplicates_are_dropped() {
 async fn the_providers_echo_settles_a_send_whose_outcome_was_unknown() {
     let fake = FakeEvolution::start(KEY).await;
     let s = {
-        let url = fake.url();
         let cx = TestContext::with(
             "ing_settle",
             |c| {
-                c.provider = "evolution".into();
-                c.evolution_url = Some(url);
-                c.evolution_api_key = Some(KEY.into());
+                fake.configure(c);
             },
             None,
         )

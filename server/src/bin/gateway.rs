@@ -322,6 +322,8 @@ enum InstanceCommand {
     ConfirmPairing { id: String },
     /// Show an instance with its lifecycle state and latest QR.
     Show { id: String },
+    /// Log an evolution instance out of the messaging network.
+    Logout { id: String },
     /// Pause an instance for responsible-messaging review.
     Pause {
         id: String,
@@ -434,6 +436,7 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<Val
             }
             InstanceCommand::State { id } => ops::instance_json(&ops::sync_instance_state(store, config, &id).await?),
             InstanceCommand::ConfirmPairing { id } => ops::instance_json(&ops::confirm_pairing(store, &id).await?),
+            InstanceCommand::Logout { id } => ops::instance_json(&ops::logout_instance(store, config, &id).await?),
             InstanceCommand::Show { id } => {
                 let instance = store.instance(&id).await?;
                 let mut out = ops::instance_json(&instance);
