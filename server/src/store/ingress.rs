@@ -144,6 +144,13 @@ impl Store {
     }
 }
 
+/// Writes the outbox event of type `events::$ty` with these fields (and the base).
+macro_rules! emit {
+    ($tx:expr, $instance:expr, $at:expr, $applied:expr, $ty:ident { $($fields:tt)* }) => {
+        event($tx, $instance, $at, events::$ty::NAME, |base| serde_json::to_value(events::$ty { base, $($fields)* }), $applied)
+    };
+}
+
 async fn event(
     tx: &mut Transaction<'static, Any>,
     instance: &Instance,
@@ -245,41 +252,23 @@ async fn apply(
             if let Some(group_id) = group_id {
                 let (group_id, from, text, id) =
                     (group_id.clone(), Some(from), text.clone(), Some(external_id.clone()));
-                return event(
+                return emit!(
                     tx,
                     instance,
                     at,
-                    events::GroupMessageReceived::NAME,
-                    |base| {
-                        serde_json::to_value(events::GroupMessageReceived {
-                            base,
-                            group_id,
-                            from,
-                            message_text: text,
-                            external_message_id: id,
-                        })
-                    },
                     applied,
+                    GroupMessageReceived { group_id, from, message_text: text, external_message_id: id }
                 )
                 .await;
             }
             let (sender_id, message_text) = (from.clone(), text.clone().unwrap_or_default());
             let (kind, id) = (Some(message_type.clone()), Some(external_id.clone()));
-            event(
+            emit!(
                 tx,
                 instance,
                 at,
-                events::MessageReceived::NAME,
-                |base| {
-                    serde_json::to_value(events::MessageReceived {
-                        base,
-                        from: sender_id,
-                        message_text,
-                        message_type: kind,
-                        external_message_id: id,
-                    })
-                },
                 applied,
+                MessageReceived { from: sender_id, message_text, message_type: kind, external_message_id: id }
             )
             .await?;
             let Some(phone) = phone else {
@@ -296,19 +285,12 @@ async fn apply(
                     .transpose()?;
             if last.is_none_or(|last| last <= at - CONVERSATION_WINDOW_MS) {
                 let conversation_id = Some(phone.clone());
-                event(
+                emit!(
                     tx,
                     instance,
                     at,
-                    events::ConversationUpdated::NAME,
-                    |base| {
-                        serde_json::to_value(events::ConversationUpdated {
-                            base,
-                            conversation_id,
-                            conversation_state: Some("open".into()),
-                        })
-                    },
                     applied,
+                    ConversationUpdated { conversation_id, conversation_state: Some("open".into()) }
                 )
                 .await?;
             }
@@ -337,20 +319,12 @@ async fn apply(
                     .await?;
                     if added.rows_affected() > 0 {
                         let text = text.clone();
-                        event(
+                        emit!(
                             tx,
                             instance,
                             at,
-                            events::RecipientOptedOut::NAME,
-                            |base| {
-                                serde_json::to_value(events::RecipientOptedOut {
-                                    base,
-                                    from: phone,
-                                    reason: "opt_out_keyword".into(),
-                                    message_text: text,
-                                })
-                            },
                             applied,
+                            RecipientOptedOut { from: phone, reason: "opt_out_keyword".into(), message_text: text }
                         )
                         .await?;
                     }
@@ -410,15 +384,7 @@ async fn apply(
                 let purpose: Option<String> = row.try_get("purpose")?;
                 let (to, message_purpose) = (to.unwrap_or_default(), purpose.unwrap_or_default());
                 let message_id = Some(external_id.clone());
-                event(
-                    tx,
-                    instance,
-                    received_at,
-                    events::MessageSent::NAME,
-                    |base| serde_json::to_value(events::MessageSent { base, to, message_purpose, message_id }),
-                    applied,
-                )
-                .await?;
+                emit!(tx, instance, received_at, applied, MessageSent { to, message_purpose, message_id }).await?;
             }
             let fields = events::StatusFields {
                 from: from.clone(),
@@ -426,39 +392,11 @@ async fn apply(
                 status: Some(status.clone()),
             };
             match status.as_str() {
-                "DELIVERY_ACK" => {
-                    event(
-                        tx,
-                        instance,
-                        received_at,
-                        events::MessageDelivered::NAME,
-                        |base| serde_json::to_value(events::MessageDelivered { base, status: fields }),
-                        applied,
-                    )
-                    .await
-                }
-                "READ" => {
-                    event(
-                        tx,
-                        instance,
-                        received_at,
-                        events::MessageRead::NAME,
-                        |base| serde_json::to_value(events::MessageRead { base, status: fields }),
-                        applied,
-                    )
-                    .await
-                }
+                "DELIVERY_ACK" => emit!(tx, instance, received_at, applied, MessageDelivered { status: fields }).await,
+                "READ" => emit!(tx, instance, received_at, applied, MessageRead { status: fields }).await,
                 // Played is read, unless read was already reported.
                 "PLAYED" if previous.is_none_or(|p| p < status_rank("READ")) => {
-                    event(
-                        tx,
-                        instance,
-                        received_at,
-                        events::MessageRead::NAME,
-                        |base| serde_json::to_value(events::MessageRead { base, status: fields }),
-                        applied,
-                    )
-                    .await
+                    emit!(tx, instance, received_at, applied, MessageRead { status: fields }).await
                 }
                 "PLAYED" => Ok(()),
                 "ERROR" => {
@@ -476,34 +414,16 @@ async fn apply(
                         ),
                         None => (from.unwrap_or_default(), String::new()),
                     };
-                    event(
+                    emit!(
                         tx,
                         instance,
                         received_at,
-                        events::MessageFailed::NAME,
-                        |base| {
-                            serde_json::to_value(events::MessageFailed {
-                                base,
-                                to,
-                                message_purpose,
-                                error: "provider_error".into(),
-                            })
-                        },
                         applied,
+                        MessageFailed { to, message_purpose, error: "provider_error".into() }
                     )
                     .await
                 }
-                _ => {
-                    event(
-                        tx,
-                        instance,
-                        received_at,
-                        events::MessageStatusUpdated::NAME,
-                        |base| serde_json::to_value(events::MessageStatusUpdated { base, status: fields }),
-                        applied,
-                    )
-                    .await
-                }
+                _ => emit!(tx, instance, received_at, applied, MessageStatusUpdated { status: fields }).await,
             }
         }
         Fact::Connection { state: reported, reason } => {
@@ -545,15 +465,7 @@ async fn apply(
             };
             let message_purpose = row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default();
             let message_id = Some(external_id.clone());
-            event(
-                tx,
-                instance,
-                received_at,
-                events::MessageSent::NAME,
-                |base| serde_json::to_value(events::MessageSent { base, to, message_purpose, message_id }),
-                applied,
-            )
-            .await
+            emit!(tx, instance, received_at, applied, MessageSent { to, message_purpose, message_id }).await
         }
         Fact::LoggedOut => change_state(tx, instance, "close", "logged_out", received_at, state, applied).await,
         Fact::Qr { available, base64, .. } => {
@@ -564,15 +476,7 @@ async fn apply(
                 .execute(&mut **tx)
                 .await?;
             let qr_available = Some(*available);
-            event(
-                tx,
-                instance,
-                received_at,
-                events::InstanceQrUpdated::NAME,
-                |base| serde_json::to_value(events::InstanceQrUpdated { base, qr_available }),
-                applied,
-            )
-            .await
+            emit!(tx, instance, received_at, applied, InstanceQrUpdated { qr_available }).await
         }
         Fact::Call { id, from, status } => {
             let fields =
@@ -587,17 +491,7 @@ async fn apply(
             .execute(&mut **tx)
             .await?;
             match status.as_str() {
-                "offer" => {
-                    event(
-                        tx,
-                        instance,
-                        received_at,
-                        events::CallReceived::NAME,
-                        |base| serde_json::to_value(events::CallReceived { base, call: fields }),
-                        applied,
-                    )
-                    .await
-                }
+                "offer" => emit!(tx, instance, received_at, applied, CallReceived { call: fields }).await,
                 "accept" => {
                     sqlx::query("UPDATE calls SET answered = 1 WHERE instance_id = $1 AND call_id = $2")
                         .bind(&instance.id)
@@ -620,15 +514,7 @@ async fn apply(
                         applied.skipped += 1;
                         return Ok(());
                     }
-                    event(
-                        tx,
-                        instance,
-                        received_at,
-                        events::CallMissed::NAME,
-                        |base| serde_json::to_value(events::CallMissed { base, call: fields }),
-                        applied,
-                    )
-                    .await
+                    emit!(tx, instance, received_at, applied, CallMissed { call: fields }).await
                 }
                 _ => {
                     applied.skipped += 1;
@@ -638,15 +524,7 @@ async fn apply(
         }
         Fact::Group { group_id } => {
             let group_id = Some(group_id.clone());
-            event(
-                tx,
-                instance,
-                received_at,
-                events::GroupUpdated::NAME,
-                |base| serde_json::to_value(events::GroupUpdated { base, group_id }),
-                applied,
-            )
-            .await
+            emit!(tx, instance, received_at, applied, GroupUpdated { group_id }).await
         }
         Fact::Ignored(_) => {
             applied.skipped += 1;
@@ -752,38 +630,13 @@ impl Store {
             let at: i64 = row.try_get("changed_at")?;
             let fields = events::ConnectionFields { connection_state: Some(row.try_get("reported")?) };
             match stored.as_str() {
-                "open" => {
-                    event(
-                        &mut tx,
-                        &instance,
-                        at,
-                        events::InstanceConnected::NAME,
-                        |base| serde_json::to_value(events::InstanceConnected { base, connection: fields }),
-                        &mut applied,
-                    )
-                    .await?
-                }
+                "open" => emit!(&mut tx, &instance, at, &mut applied, InstanceConnected { connection: fields }).await?,
                 "close" => {
-                    event(
-                        &mut tx,
-                        &instance,
-                        at,
-                        events::InstanceDisconnected::NAME,
-                        |base| serde_json::to_value(events::InstanceDisconnected { base, connection: fields }),
-                        &mut applied,
-                    )
-                    .await?
+                    emit!(&mut tx, &instance, at, &mut applied, InstanceDisconnected { connection: fields }).await?
                 }
                 _ => {
-                    event(
-                        &mut tx,
-                        &instance,
-                        at,
-                        events::InstanceConnectionUpdated::NAME,
-                        |base| serde_json::to_value(events::InstanceConnectionUpdated { base, connection: fields }),
-                        &mut applied,
-                    )
-                    .await?
+                    emit!(&mut tx, &instance, at, &mut applied, InstanceConnectionUpdated { connection: fields })
+                        .await?
                 }
             }
             sqlx::query(
@@ -816,19 +669,12 @@ impl Store {
             let last: i64 = row.try_get("last_inbound_at")?;
             let instance = instance_in(&mut tx, &instance_id).await?;
             let conversation_id = Some(phone.clone());
-            event(
+            emit!(
                 &mut tx,
                 &instance,
                 last + CONVERSATION_WINDOW_MS,
-                events::ConversationUpdated::NAME,
-                |base| {
-                    serde_json::to_value(events::ConversationUpdated {
-                        base,
-                        conversation_id,
-                        conversation_state: Some("closed".into()),
-                    })
-                },
                 &mut applied,
+                ConversationUpdated { conversation_id, conversation_state: Some("closed".into()) }
             )
             .await?;
             sqlx::query("UPDATE contact_activity SET window_closed_at = $1 WHERE instance_id = $2 AND phone = $3")
@@ -867,20 +713,12 @@ impl Store {
             let instance = instance_in(&mut tx, &instance_id).await?;
             let to: String = row.try_get::<Option<String>, _>("recipient")?.unwrap_or_default();
             let message_purpose: String = row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default();
-            event(
+            emit!(
                 &mut tx,
                 &instance,
                 now,
-                events::MessageFailed::NAME,
-                |base| {
-                    serde_json::to_value(events::MessageFailed {
-                        base,
-                        to,
-                        message_purpose,
-                        error: "no_delivery_ack".into(),
-                    })
-                },
                 &mut applied,
+                MessageFailed { to, message_purpose, error: "no_delivery_ack".into() }
             )
             .await?;
             sqlx::query("UPDATE message_log SET ack_checked_at = $1 WHERE id = $2")
