@@ -441,3 +441,35 @@ async fn a_conversation_window_opens_with_a_message_and_closes_after_a_day() {
     assert_eq!(updates[1]["conversation_state"], "closed");
     s.cx.teardown().await;
 }
+
+#[tokio::test]
+async fn posts_apply_while_sends_are_written_at_the_same_time() {
+    // On SQLite the ingress and the send path's writer share one database file: a post
+    // must wait for the lock, never fail because a send committed meanwhile.
+    let s = setup("ing_concurrent").await;
+    s.cx.lift_velocity(&s.cx.tenant.customer_id).await;
+    let limits = gateway_server::store::LimitOverrides { daily: Some(1000), ..Default::default() };
+    ops::set_limits(s.cx.store(), &s.cx.tenant.customer_id, &limits).await.unwrap();
+    let sends = (0..40).map(|i| {
+        let client = s.cx.client.clone();
+        async move { client.message_send(&text("main", &format!("+55119999{:05}", 50000 + i), "x")).await.is_ok() }
+    });
+    let setup = &s;
+    // Inbound messages, and statuses (whose apply reads before it writes).
+    let posts = (0..80).map(|i| {
+        let body = if i % 2 == 0 {
+            upsert(&format!("55119999{:05}@s.whatsapp.net", 60000 + i), &format!("P{i}"), "hi", json!({}))
+        } else {
+            status(&format!("S{i}"), "5511999960000@s.whatsapp.net", "DELIVERY_ACK")
+        };
+        async move { setup.post(&body).await }
+    });
+    let (sent, posted) =
+        futures::future::join(futures::future::join_all(sends), futures::future::join_all(posts)).await;
+    assert!(sent.iter().all(|ok| *ok));
+    assert!(posted.iter().all(|status| *status == 200));
+    assert_eq!(s.cx.store().provider_event_failures().await.unwrap(), 0, "every post applied");
+    assert_eq!(s.events_named("message.received").await.len(), 40);
+    assert_eq!(s.events_named("message.delivered").await.len(), 40);
+    s.cx.teardown().await;
+}

@@ -59,6 +59,14 @@ impl Store {
         Ok(row.try_get("id")?)
     }
 
+    /// How many stored posts could not be applied.
+    pub async fn provider_event_failures(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM provider_events WHERE error IS NOT NULL")
+            .fetch_one(&self.read)
+            .await?;
+        Ok(row.try_get("n")?)
+    }
+
     /// Records the outcome of applying a stored post.
     pub async fn finish_provider_event(&self, id: i64, error: Option<&str>) -> Result<(), StoreError> {
         sqlx::query("UPDATE provider_events SET processed_at = $1, error = $2 WHERE id = $3")
@@ -77,7 +85,7 @@ impl Store {
         facts: &[Fact],
         received_at: i64,
     ) -> Result<Applied, StoreError> {
-        let mut tx = self.write.begin().await?;
+        let mut tx = write_transaction(&self.write).await?;
         let mut applied = Applied::default();
         let mut state = instance.connection_state.clone();
         for fact in facts {
@@ -142,6 +150,16 @@ impl Store {
         .await?;
         rows.iter().map(|r| Ok((r.try_get("sender")?, r.try_get("text")?, r.try_get("external_message_id")?))).collect()
     }
+}
+
+/// A transaction that holds the write lock from its first statement. On SQLite a
+/// transaction that reads first and writes later cannot wait for the lock when the
+/// send path's writer committed in between (it fails at once with SQLITE_BUSY); a
+/// write first makes it wait like any writer. On PostgreSQL the statement is a no-op.
+async fn write_transaction(pool: &sqlx::AnyPool) -> Result<Transaction<'static, Any>, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("UPDATE provider_events SET error = error WHERE 1 = 0").execute(&mut *tx).await?;
+    Ok(tx)
 }
 
 /// Writes the outbox event of type `events::$ty` with these fields (and the base).
@@ -601,7 +619,7 @@ impl Store {
             "connecting" => "connecting",
             _ => "close",
         };
-        let mut tx = self.write.begin().await?;
+        let mut tx = write_transaction(&self.write).await?;
         let instance = instance_in(&mut tx, instance_id).await?;
         let mut state = instance.connection_state.clone();
         let mut applied = Applied::default();
@@ -614,7 +632,7 @@ impl Store {
     /// `settled_before` and differs from what customers were last told; how many.
     /// A connection that flapped back within the period gets no event at all.
     pub async fn emit_settled_connections(&self, settled_before: i64) -> Result<usize, StoreError> {
-        let mut tx = self.write.begin().await?;
+        let mut tx = write_transaction(&self.write).await?;
         let rows = sqlx::query(
             "SELECT instance_id, state, reported, changed_at FROM connection_changes \
              WHERE changed_at <= $1 AND (emitted_state IS NULL OR emitted_state <> state)",
@@ -654,7 +672,7 @@ impl Store {
     /// Reports `conversation.updated` (closed) for every conversation whose window
     /// ended (no message from the contact for 24 hours at `now`); how many.
     pub async fn close_conversations(&self, now: i64) -> Result<usize, StoreError> {
-        let mut tx = self.write.begin().await?;
+        let mut tx = write_transaction(&self.write).await?;
         let rows = sqlx::query(
             "SELECT instance_id, phone, last_inbound_at FROM contact_activity WHERE last_inbound_at <= $1 \
              AND (window_closed_at IS NULL OR window_closed_at < last_inbound_at) LIMIT 500",
@@ -692,7 +710,7 @@ impl Store {
     /// (and after `since`) that the provider never acknowledged as delivered gets a
     /// `message.failed` with error `no_delivery_ack`, once; how many.
     pub async fn flag_unacknowledged(&self, cutoff: i64, since: i64) -> Result<usize, StoreError> {
-        let mut tx = self.write.begin().await?;
+        let mut tx = write_transaction(&self.write).await?;
         let rows = sqlx::query(
             "SELECT m.id, m.recipient, m.purpose, m.instance_id FROM message_log m \
              JOIN instances i ON i.id = m.instance_id AND i.provider = 'evolution' \
