@@ -14,13 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 COUNT=${COUNT:-600000}
-PG_ADMIN=${PG_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}
-cargo build --release -q -p gateway-server --bin gateway --example echo
-BIN=target/release
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+. bench/common.sh
 
-wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 echo "### echo (bare Dropshot JSON POST)"
 "$BIN/examples/echo" 127.0.0.1:18081 "$work/echo.log" & wait_port 18081
@@ -66,6 +61,5 @@ PY
 }
 
 run_gateway sqlite "sqlite://$work/bench.db?mode=rwc" 18082
-[ -n "${SQLITE_ONLY:-}" ] || psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" -c "CREATE DATABASE gw_bench" >/dev/null
-[ -n "${SQLITE_ONLY:-}" ] || run_gateway postgres "${PG_ADMIN%/*}/gw_bench" 18083
-psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" >/dev/null
+run_gateway postgres "$(pg_fresh)" 18083
+pg_drop

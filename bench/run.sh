@@ -11,14 +11,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 OHA=${OHA:-$(command -v oha || echo /tmp/oha/bin/oha)}
-PG_ADMIN=${PG_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}
-cargo build --release -q -p gateway-server --bin gateway --example echo
-BIN=target/release
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+. bench/common.sh
 BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactional","message":"Your code is 123456"}'
 
-wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 measure() { # name url key
   local name=$1 url=$2 key=$3
@@ -48,6 +43,5 @@ run_gateway() { # name database_url port
 }
 
 run_gateway sqlite "sqlite://$work/bench.db?mode=rwc" 18082
-psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" -c "CREATE DATABASE gw_bench" >/dev/null
-run_gateway postgres "${PG_ADMIN%/*}/gw_bench" 18083
-psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" >/dev/null
+run_gateway postgres "$(pg_fresh)" 18083
+pg_drop

@@ -12,14 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${COUNT:-50000}
 CONCURRENCY=${CONCURRENCY:-64}
-PG_ADMIN=${PG_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}
-cargo build --release -q -p gateway-server --bin gateway --example echo
-BIN=target/release
-work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+. bench/common.sh
 export GATEWAY_ALLOW_LOOPBACK_TARGETS=1
 
-wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
 "$BIN/examples/echo" 127.0.0.1:18081 "$work/echo.log" & wait_port 18081
 
@@ -79,6 +74,5 @@ PY
 }
 
 run_case sqlite "sqlite://$work/bench.db?mode=rwc" 18082
-psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" -c "CREATE DATABASE gw_bench" >/dev/null
-run_case postgres "${PG_ADMIN%/*}/gw_bench" 18083
-psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" >/dev/null
+run_case postgres "$(pg_fresh)" 18083
+pg_drop

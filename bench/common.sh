@@ -1,0 +1,17 @@
+# Shared by the bench scripts (sourced, from the repository root): release binaries,
+# a work directory removed at exit (kept with KEEP=1), the loopback port wait, and a
+# fresh PostgreSQL database for a run.
+PG_ADMIN=${PG_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}
+cargo build --release -q -p gateway-server --bin gateway --example echo
+BIN=target/release
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+
+wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+
+# Prints the URL of a new, empty database gw_bench (dropped again by pg_drop).
+pg_fresh() {
+  psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" -c "CREATE DATABASE gw_bench" >/dev/null 2>&1
+  echo "${PG_ADMIN%/*}/gw_bench"
+}
+pg_drop() { psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" >/dev/null 2>&1; }
