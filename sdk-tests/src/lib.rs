@@ -15,6 +15,7 @@ pub use gateway_client;
 
 pub mod fake_evolution;
 pub mod receiver;
+pub mod wasm;
 
 /// A tenant of the test gateway.
 #[derive(Clone, Debug)]
@@ -57,6 +58,8 @@ impl TestContext {
             log_level: "debug".into(),
             ..Config::default()
         };
+        // Compiled policy modules are cached across tests (debug builds compile slowly).
+        config.policies.cache_dir = std::env::temp_dir().join("gateway-test-wasm-cache").display().to_string();
         let postgres = match std::env::var("GATEWAY_TEST_DATABASE_URL") {
             Ok(admin) if !admin.is_empty() => {
                 let db = format!(
@@ -150,10 +153,13 @@ impl TestContext {
     }
 }
 
-/// A customer with a connected instance `main` and an API key.
+/// A customer with a connected instance `main` and an API key. The instance's number
+/// has been in use for 30 days, so the pacing policy's warm-up of new numbers stays out
+/// of tests about other things (tests of the warm-up make a new instance).
 pub async fn create_tenant(store: &Store, config: &Config, name: &str, plan: Option<&str>) -> Tenant {
     let customer = ops::create_customer(store, name, plan, true).await.expect("customer");
     let instance = ops::create_instance(store, config, &customer.id, "main", true).await.expect("instance");
+    let instance = store.set_instance_age(&instance.id, 30).await.expect("instance age");
     let key = ops::create_key(store, &customer.id, "test").await.expect("key");
     Tenant {
         customer_id: customer.id,
@@ -178,9 +184,9 @@ fn replace_database(url: &str, db: &str) -> String {
     }
 }
 
-/// Parts with this provider and the default policy.
+/// Parts with this provider and the default policy host.
 pub fn parts_with_provider(provider: Arc<dyn gateway_server::provider::Provider>) -> Parts {
-    Parts { provider, policy: Arc::new(gateway_server::policy::Builtin) }
+    Parts { provider, policy: None }
 }
 
 #[cfg(test)]

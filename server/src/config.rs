@@ -39,7 +39,8 @@ pub struct Config {
     /// A message the provider accepted but never acknowledged as delivered within this
     /// time gets `message.failed` with error `no_delivery_ack`.
     pub delivery_ack_timeout_ms: u64,
-    /// Directory of policy modules watched for hot reload (used by the policy engine).
+    /// Directory of policy modules watched for hot reload; its modules are added to,
+    /// or replace by name, the bundled defaults.
     pub policies_dir: Option<String>,
     /// Lets webhook and media URLs point at loopback addresses (development, tests).
     #[serde(deserialize_with = "flexible_bool")]
@@ -60,6 +61,58 @@ pub struct Config {
     pub pbx: PbxSettings,
     /// Customer webhook delivery.
     pub webhooks: WebhookSettings,
+    /// The policy host: sandbox limits, fail mode, reload and review pause.
+    pub policies: PolicySettings,
+}
+
+/// The policy host (DESIGN.md: fresh instance per evaluation, fuel, memory cap, no
+/// imports; a fault applies the fail mode, by default deny with `policy_violation`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicySettings {
+    /// Load the default purpose, content and pacing modules built into the gateway.
+    #[serde(deserialize_with = "flexible_bool")]
+    pub bundled: bool,
+    /// What a module's fault (trap, out of fuel, out of memory, bad answer) decides:
+    /// `deny` (refuse, 403 `policy_violation`), `review` (refuse and queue) or `allow`
+    /// (skip the module; not recommended).
+    pub fail_mode: String,
+    /// Fuel (about one unit per WebAssembly instruction) one evaluation may use.
+    pub fuel: u64,
+    /// Linear memory one evaluation may grow to, in bytes.
+    pub memory_bytes: usize,
+    /// Largest module accepted, in bytes.
+    pub max_module_bytes: usize,
+    /// Evaluations running at once (0: one per CPU).
+    pub workers: usize,
+    /// How often the policies directory is looked at, and the store for `policy reload`
+    /// and `policy rollback` commands (ms).
+    pub poll_interval_ms: u64,
+    /// A changed directory is reloaded once it has stayed unchanged this long (ms).
+    pub debounce_ms: u64,
+    /// Where compiled modules are cached, so a restart does not recompile ("" disables).
+    pub cache_dir: String,
+    /// This many review decisions for one instance within `review_window_hours` pause it.
+    pub review_pause_threshold: i64,
+    pub review_window_hours: i64,
+}
+
+impl Default for PolicySettings {
+    fn default() -> Self {
+        PolicySettings {
+            bundled: true,
+            fail_mode: "deny".to_string(),
+            fuel: 10_000_000,
+            memory_bytes: 16 << 20,
+            max_module_bytes: 1 << 20,
+            workers: 0,
+            poll_interval_ms: 500,
+            debounce_ms: 1_000,
+            cache_dir: "gateway-cache".to_string(),
+            review_pause_threshold: 3,
+            review_window_hours: 24,
+        }
+    }
 }
 
 /// Delivery of customer webhooks (DESIGN.md: attempts after 0 s, 5 s, 5 min, 30 min,
@@ -191,6 +244,7 @@ impl Default for Config {
             media: MediaLimits::default(),
             pbx: PbxSettings::default(),
             webhooks: WebhookSettings::default(),
+            policies: PolicySettings::default(),
         }
     }
 }
@@ -309,6 +363,21 @@ impl Config {
         if all_limits.iter().any(|n| *n < 1) {
             return Err(ConfigError::Invalid("limits must be at least 1".to_string()));
         }
+        let p = &self.policies;
+        if !matches!(p.fail_mode.as_str(), "deny" | "review" | "allow") {
+            return Err(ConfigError::Invalid(format!(
+                "policies.fail_mode must be deny, review or allow, not {:?}",
+                p.fail_mode
+            )));
+        }
+        if p.fuel < 10_000 || p.memory_bytes < (1 << 16) || p.memory_bytes > (64 << 20) || p.review_pause_threshold < 1
+        {
+            return Err(ConfigError::Invalid(
+                "policies: fuel must be at least 10000, memory_bytes between 64 KiB and 64 MiB, \
+                 review_pause_threshold at least 1"
+                    .to_string(),
+            ));
+        }
         Ok(())
     }
 
@@ -416,6 +485,16 @@ mod tests {
             "max_image_bytes",
             "max_document_bytes",
             "max_audio_bytes",
+            "[policies]",
+            "fail_mode",
+            "fuel",
+            "memory_bytes",
+            "max_module_bytes",
+            "workers",
+            "debounce_ms",
+            "cache_dir",
+            "review_pause_threshold",
+            "review_window_hours",
         ] {
             assert!(text.contains(key), "examples/config.toml does not document {key}");
         }

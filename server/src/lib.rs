@@ -41,12 +41,18 @@ pub enum StartError {
     Http(String),
     #[error("the {0} provider is not available (evolution needs evolution_url and evolution_api_key)")]
     Provider(String),
+    #[error(transparent)]
+    PolicyHost(#[from] policy::host::HostError),
+    #[error(transparent)]
+    Policies(#[from] policy::reload::ReloadError),
 }
 
 /// Replaceable parts of the server (tests and later issues plug in here).
 pub struct Parts {
     pub provider: Arc<dyn provider::Provider>,
-    pub policy: Arc<dyn policy::PolicyEngine>,
+    /// `None`: the WebAssembly policy host with the bundled policies and
+    /// `policies_dir`, hot-reloaded (the production engine).
+    pub policy: Option<Arc<dyn policy::PolicyEngine>>,
 }
 
 impl Parts {
@@ -59,7 +65,7 @@ impl Parts {
             other => return Err(StartError::Provider(other.to_string())),
         }
         let router = provider::Router { simulator: provider::Simulator, evolution };
-        Ok(Parts { provider: Arc::new(router), policy: Arc::new(policy::Builtin) })
+        Ok(Parts { provider: Arc::new(router), policy: None })
     }
 }
 
@@ -69,6 +75,7 @@ pub struct RunningServer {
     store: Store,
     workers: Vec<JoinHandle<()>>,
     dispatcher: Option<webhooks::DispatcherHandle>,
+    policies: Option<policy::reload::PolicyControl>,
     log: Logger,
 }
 
@@ -81,6 +88,12 @@ impl RunningServer {
     /// The store the server uses.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The policy host's control (reload, rollback, status), unless a test replaced
+    /// the policy engine.
+    pub fn policies(&self) -> Option<&policy::reload::PolicyControl> {
+        self.policies.as_ref()
     }
 
     /// Stops accepting, lets requests in flight finish, stops workers, closes the store.
@@ -121,7 +134,21 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     }
     let store_log = log.new(slog::o!("component" => "store"));
     let store = Store::open(&config.database_url, config.database_max_connections, Some(store_log)).await?;
-    let sender = send::Sender::new(store.clone(), parts.provider, parts.policy, config.clone());
+    let mut workers = Vec::new();
+    let (engine, policies): (Arc<dyn policy::PolicyEngine>, _) = match parts.policy {
+        Some(engine) => (engine, None),
+        None => {
+            let log = log.new(slog::o!("component" => "policy"));
+            let host = Arc::new(policy::host::PolicyHost::new(&config.policies, log.clone())?);
+            let dir = config.policies_dir.as_deref().filter(|d| !d.is_empty()).map(std::path::PathBuf::from);
+            let (control, task) =
+                policy::reload::start(host.clone(), &config.policies, dir, Some(store.clone()), log).await?;
+            workers.push(task);
+            (Arc::new(host), Some(control))
+        }
+    };
+    let send_log = log.new(slog::o!("component" => "send"));
+    let sender = send::Sender::new(store.clone(), parts.provider, engine, config.clone(), send_log);
     let state = Arc::new(http::AppState::new(store.clone(), sender, config.clone()));
     let api = http::api_description().map_err(StartError::Api)?;
     let dropshot_config = ConfigDropshot {
@@ -139,17 +166,15 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         pbx_events_ms: config.pbx.event_retention_days.max(1) * day_ms,
         webhook_attempts_ms: config.webhooks.retention_days.max(1) * day_ms,
     };
-    let workers = vec![
-        spawn_pruner(store.clone(), retention, log.new(slog::o!("component" => "store"))),
-        spawn_provider_watch(store.clone(), &config, log.new(slog::o!("component" => "ingress"))),
-    ];
+    workers.push(spawn_pruner(store.clone(), retention, log.new(slog::o!("component" => "store"))));
+    workers.push(spawn_provider_watch(store.clone(), &config, log.new(slog::o!("component" => "ingress"))));
     let dispatcher = config.webhooks.dispatch.then(|| {
         let log = log.new(slog::o!("component" => "webhooks"));
         webhooks::Dispatcher::new(store.clone(), config.webhooks.clone(), config.allow_loopback_targets, log).spawn()
     });
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
           "provider" => &config.provider);
-    Ok(RunningServer { http, store, workers, dispatcher, log })
+    Ok(RunningServer { http, store, workers, dispatcher, policies, log })
 }
 
 /// Tells customers of connection changes once they have held for the debounce period,
@@ -208,6 +233,9 @@ fn spawn_pruner(store: Store, retention: Retention, log: Logger) -> JoinHandle<(
                 Ok(n) if n > 0 => info!(log, "pruned webhook attempts and finished events"; "rows" => n),
                 Ok(_) => {}
                 Err(e) => warn!(log, "pruning webhook rows failed"; "error" => %e),
+            }
+            if let Err(e) = store.prune_policy_records(store::now_ms() - 24 * 3_600_000).await {
+                warn!(log, "pruning policy commands and gateway rows failed"; "error" => %e);
             }
         }
     })

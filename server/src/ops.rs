@@ -40,6 +40,30 @@ pub fn customer_json(c: &Customer) -> Value {
             "instance_per_minute": c.overrides.instance_per_minute,
             "recipient_per_minute": c.overrides.recipient_per_minute,
         },
+        "approved_purposes": match &c.approved_purposes {
+            Some(p) => json!(p),
+            None => json!(gateway_policy_model::PURPOSES),
+        },
+    })
+}
+
+/// A comma-separated list of purposes, each one of the five.
+pub fn purposes_arg(raw: &str) -> anyhow::Result<Vec<String>> {
+    let purposes: Vec<String> = raw.split(',').map(|p| p.trim().to_string()).filter(|p| !p.is_empty()).collect();
+    if let Some(bad) = purposes.iter().find(|p| !gateway_policy_model::PURPOSES.contains(&p.as_str())) {
+        anyhow::bail!("{bad:?} is not a purpose (use {})", gateway_policy_model::PURPOSES.join(", "));
+    }
+    Ok(purposes)
+}
+
+/// A review-queue item as printed.
+pub fn review_json(r: &crate::store::ReviewEntry) -> Value {
+    json!({
+        "id": r.id, "log_id": r.log_id, "customer_id": r.customer_id, "instance_id": r.instance_id,
+        "source": r.source, "purpose": r.purpose, "recipient": r.recipient, "message_type": r.message_type,
+        "text": r.text, "policy": r.policy, "reason": r.reason, "risk_score": r.risk_score,
+        "status": r.status, "created_at": rfc3339(r.created_at), "decided_at": r.decided_at.and_then(rfc3339),
+        "decided_by": r.decided_by, "note": r.note,
     })
 }
 

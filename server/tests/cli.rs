@@ -29,6 +29,7 @@ impl Cli {
             .args(args)
             .env_remove("GATEWAY_DATABASE_URL")
             .env_remove("GATEWAY_ALLOW_LOOPBACK_TARGETS")
+            .env("GATEWAY_POLICIES__CACHE_DIR", std::env::temp_dir().join("gateway-test-wasm-cache"))
             .envs(env.iter().copied())
             .output()
             .expect("gateway runs");
@@ -242,4 +243,125 @@ fn webhook_commands_set_show_rotate_attempts_and_refuse_bad_input() {
         0
     );
     assert_eq!(cli.ok(&["webhook", "enable", "--instance", instance])["enabled"], true);
+}
+
+/// Runs the gateway with `args`; (exit code, stdout, stderr).
+fn raw(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(args)
+        .env_remove("GATEWAY_DATABASE_URL")
+        .env("GATEWAY_POLICIES__CACHE_DIR", std::env::temp_dir().join("gateway-test-wasm-cache"))
+        .envs(env.iter().copied())
+        .output()
+        .expect("gateway runs");
+    let text = |b: Vec<u8>| String::from_utf8(b).unwrap();
+    (out.status.code().unwrap_or(-1), text(out.stdout), text(out.stderr))
+}
+
+#[test]
+fn policy_build_check_eval_and_test_work_without_a_database() {
+    use gateway_sdk_tests::wasm::{Behaviour, sdk_core_module};
+    let dir = tempfile::tempdir().unwrap();
+    let path = |f: &str| dir.path().join(f).display().to_string();
+    let deny = Behaviour::Deny { code: "no_promo", reason: "promotional wording", risk: 80 };
+    std::fs::write(path("core.wasm"), sdk_core_module("no-promo", "2.3.0", "content", &deny)).unwrap();
+    let fixtures = r#"[{"name": "denies", "context": {"text": "50% off"}, "expect": {"decision": "deny", "code": "no_promo"}},
+                       {"name": "risky", "expect": {"decision": "deny", "risk_at_least": 70}}]"#;
+    std::fs::write(path("fixtures.json"), fixtures).unwrap();
+    // build: componentize, embed the fixtures, validate; the SDK's name and version.
+    let (code, out, err) =
+        raw(&["policy", "build", &path("core.wasm"), "--fixtures", &path("fixtures.json"), "-o", &path("p.wasm")], &[]);
+    assert_eq!(code, 0, "{err}");
+    let built: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (built["name"].as_str(), built["version"].as_str(), built["interface"].as_str()),
+        (Some("no-promo"), Some("2.3.0"), Some("0.1.0"))
+    );
+    assert_eq!(built["fixtures"], "2 passed, 0 failed");
+    assert_eq!(built["sha256"].as_str().unwrap().len(), 64);
+    // check: servable, with its fixtures.
+    let (code, out, _) = raw(&["policy", "check", &path("p.wasm")], &[]);
+    let checked: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((code, checked["servable"].as_bool(), checked["fixtures"]["passed"].as_u64()), (0, Some(true), Some(2)));
+    assert!(checked["fixtures"]["max_fuel"].as_u64().unwrap() > 0);
+    // eval: one context.
+    std::fs::write(path("ctx.json"), r#"{"stage": "content", "purpose": "support", "text": "hi"}"#).unwrap();
+    let (code, out, _) = raw(&["policy", "eval", &path("p.wasm"), &path("ctx.json")], &[]);
+    let decided: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((code, decided["decision"].as_str(), decided["code"].as_str()), (0, Some("deny"), Some("no_promo")));
+    assert_eq!(decided["module"], "no-promo@2.3.0");
+    assert!(decided["fuel"].as_u64().unwrap() > 0);
+    // test: a line a fixture and the summary; a failing file exits 1.
+    let (code, out, _) = raw(&["policy", "test", &path("p.wasm"), &path("fixtures.json")], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ok    denies (") && out.trim_end().ends_with("2 passed, 0 failed"), "{out}");
+    std::fs::write(path("wrong.json"), r#"[{"name": "expects allow", "expect": {"decision": "allow"}}]"#).unwrap();
+    let (code, out, _) = raw(&["policy", "test", &path("p.wasm"), &path("wrong.json")], &[]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("FAIL  expects allow: expected decision allow, got deny no_promo")
+            && out.trim_end().ends_with("0 passed, 1 failed"),
+        "{out}"
+    );
+    // The core module itself can be tried before building.
+    let (code, out, _) = raw(&["policy", "test", &path("core.wasm"), &path("fixtures.json")], &[]);
+    assert_eq!(code, 0, "{out}");
+    // A fuel budget the module exceeds fails the fixture.
+    let (code, out, _) = raw(&["policy", "test", &path("p.wasm"), &path("fixtures.json"), "--max-fuel", "1"], &[]);
+    assert_eq!(code, 1);
+    assert!(out.contains("more than its max_fuel 1"), "{out}");
+    // build refuses a module that fails its fixtures, and says why.
+    let (code, _, err) =
+        raw(&["policy", "build", &path("core.wasm"), "--fixtures", &path("wrong.json"), "-o", &path("x.wasm")], &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("fails its fixtures (0 passed, 1 failed)"), "{err}");
+    assert!(!dir.path().join("x.wasm").exists());
+}
+
+#[test]
+fn sighup_reloads_the_policies_of_a_running_gateway() {
+    use gateway_sdk_tests::wasm::{Behaviour, expecting, policy};
+    let cli = Cli::new();
+    let policies = tempfile::tempdir().unwrap();
+    let cache = std::env::temp_dir().join("gateway-test-wasm-cache");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_gateway"))
+        .args(["--database-url", &cli.url, "serve", "--listen", "127.0.0.1:0"])
+        .env_remove("GATEWAY_DATABASE_URL")
+        .env("GATEWAY_POLICIES_DIR", policies.path())
+        .env("GATEWAY_POLICIES__DEBOUNCE_MS", "600000")
+        .env("GATEWAY_POLICIES__CACHE_DIR", &cache)
+        .env("GATEWAY_LOG_FILE", cli._dir.path().join("serve.log"))
+        .spawn()
+        .expect("gateway serve starts");
+    let content_version = |list: &Value| -> Option<String> {
+        let modules = list["gateways"].get(0)?["modules"].as_array()?.clone();
+        modules.iter().find(|m| m["name"] == "content").map(|m| m["version"].as_str().unwrap().to_string())
+    };
+    let wait_for = |version: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let (ok, list) = cli.run(&["policy", "list"]);
+            if ok && content_version(&list).as_deref() == Some(version) {
+                return list;
+            }
+            assert!(std::time::Instant::now() < deadline, "content {version} never live: {list}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let list = wait_for("1.0.0");
+    assert_eq!(list["gateways"][0]["pid"], server.id());
+    let deny = Behaviour::Deny { code: "held", reason: "held", risk: 90 };
+    std::fs::write(
+        policies.path().join("content.wasm"),
+        policy("content", "7.0.0", "content", &deny, &expecting("deny")),
+    )
+    .unwrap();
+    // The watcher waits 10 minutes for the directory to settle; SIGHUP does not.
+    let status = Command::new("kill").args(["-HUP", &server.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    wait_for("7.0.0");
+    let log = std::fs::read_to_string(cli._dir.path().join("serve.log")).unwrap();
+    assert!(log.contains("SIGHUP: policies reloaded"), "{log}");
+    Command::new("kill").args(["-TERM", &server.id().to_string()]).status().unwrap();
+    assert!(server.wait().unwrap().success(), "a clean shutdown");
 }

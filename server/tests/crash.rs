@@ -9,6 +9,8 @@ use std::time::Duration;
 fn gateway(url: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
     command.arg("--database-url").arg(url).args(args).env_remove("GATEWAY_DATABASE_URL");
+    // Compiled policy modules are cached across tests, outside the source tree.
+    command.env("GATEWAY_POLICIES__CACHE_DIR", std::env::temp_dir().join("gateway-test-wasm-cache"));
     for (k, v) in env {
         command.env(k, v);
     }

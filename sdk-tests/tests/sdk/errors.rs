@@ -213,9 +213,11 @@ async fn purpose_outside_the_allowed_set_is_422_message_purpose_not_allowed() {
         let mut b = body(&cx);
         b["message_purpose"] = json!(purpose);
         let r = expect_raw(cx.send_json(&b).await, 422, "message_purpose_not_allowed");
-        assert_eq!(r["details"]["policy"], "builtin/purpose@1.0.0");
+        assert_eq!(r["details"]["policy"], "purpose@1.0.0");
+        assert_eq!(r["details"]["rule"], "unknown_purpose");
+        assert_eq!(r["details"]["field"], "message_purpose");
         assert_eq!(r["details"]["action"], "block");
-        assert_eq!(r["details"]["risk_score"], 100);
+        assert_eq!(r["details"]["risk_score"], 90);
     }
     cx.teardown().await;
 }

@@ -473,3 +473,23 @@ async fn posts_apply_while_sends_are_written_at_the_same_time() {
     assert_eq!(s.events_named("message.delivered").await.len(), 40);
     s.cx.teardown().await;
 }
+
+#[tokio::test]
+async fn a_reply_lifts_the_cap_on_messages_to_someone_who_never_replied() {
+    let s = setup("ing_reply_lifts_cap").await;
+    s.cx.lift_velocity(&s.cx.tenant.customer_id).await;
+    let to = "+5511999990077";
+    let body = |n: u32| {
+        json!({"instance_id": "main", "phone": to, "message_purpose": "support",
+                               "message": format!("Update {n} about your ticket")})
+    };
+    for n in 0..10 {
+        assert_eq!(s.cx.send_json(&body(n)).await.0, 200, "send {n}");
+    }
+    let r = crate::expect_raw(s.cx.send_json(&body(10)).await, 403, "policy_violation");
+    assert_eq!(r["details"]["rule"], "unreplied_recipient_limit");
+    // They write back through the provider: a conversation, no longer a cold contact.
+    assert_eq!(s.post(&upsert("5511999990077@s.whatsapp.net", "R1", "thanks!", json!({}))).await, 200);
+    assert_eq!(s.cx.send_json(&body(11)).await.0, 200);
+    s.cx.teardown().await;
+}

@@ -54,14 +54,16 @@ async fn instance_velocity_applies_across_recipients() {
 async fn the_100th_message_of_a_starter_day_passes_and_the_101st_is_429() {
     let cx = TestContext::new("daily_boundary").await;
     cx.lift_velocity(&cx.tenant.customer_id).await;
+    // Ten recipients, ten messages each: within the pacing policy's ten a day to a
+    // recipient who never replied.
     for i in 0..100 {
         cx.client
-            .message_send(&text("main", "+14155550123", &format!("message {i}")))
+            .message_send(&text("main", &format!("+141555501{:02}", i % 10), &format!("message {i}")))
             .await
             .unwrap_or_else(|e| panic!("message {} of 100: {e:?}", i + 1));
     }
     let e = expect_error(
-        cx.client.message_send(&text("main", "+14155550123", "101")).await,
+        cx.client.message_send(&text("main", "+14155550199", "101")).await,
         429,
         "daily_message_limit_exceeded",
     );

@@ -8,6 +8,7 @@ mod evolution;
 mod ingress;
 mod limits;
 mod pbx;
+mod policies;
 mod sending;
 mod store;
 mod webhooks;

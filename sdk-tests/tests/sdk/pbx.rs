@@ -8,7 +8,7 @@ use gateway_client::{Error, ErrorExt};
 use gateway_sdk_tests::{TestContext, parts_with_provider};
 use gateway_server::Parts;
 use gateway_server::ops;
-use gateway_server::policy::{Decision, PolicyContext, PolicyEngine, Stage};
+use gateway_server::policy::{Context, Decision, PolicyEngine, Stage, StageOutcome};
 use gateway_server::provider::{OutboundMessage, Provider, ProviderError, ProviderReceipt, SendingInstance, Simulator};
 use gateway_server::store::{PbxSettingsUpdate, now_ms};
 use hmac::{Hmac, Mac};
@@ -614,24 +614,27 @@ async fn a_repeated_external_message_id_gets_the_first_answer_and_sends_nothing(
 /// Denies, at the content stage, any text with "SALE" in it.
 struct NoSales;
 
+#[async_trait::async_trait]
 impl PolicyEngine for NoSales {
-    fn evaluate(&self, ctx: &PolicyContext<'_>) -> Decision {
-        match ctx.stage {
-            Stage::Content if ctx.text.is_some_and(|t| t.contains("SALE")) => Decision::Deny {
+    async fn evaluate(&self, ctx: &Context) -> StageOutcome {
+        let decision = match ctx.stage {
+            Stage::Content if ctx.text.as_deref().is_some_and(|t| t.contains("SALE")) => Decision::Deny {
                 policy: "test/no-sales@1.0.0".into(),
-                code: "policy_violation".into(),
+                code: "promotional".into(),
                 reason: "promotional wording".into(),
                 risk_score: 90,
+                fault: false,
             },
             _ => Decision::Allow,
-        }
+        };
+        StageOutcome { decision, trace: Vec::new() }
     }
 }
 
 #[tokio::test]
 async fn policy_suppression_quota_pause_and_provider_apply_to_the_resulting_send() {
     let provider = Arc::new(Recording::default());
-    let parts = Parts { provider: provider.clone(), policy: Arc::new(NoSales) };
+    let parts = Parts { provider: provider.clone(), policy: Some(Arc::new(NoSales)) };
     let cx = TestContext::with("pbx_pipeline", |_| {}, Some(parts)).await;
     let pbx = integration(&cx, false).await;
     let send = |to: &str, text: &str| json!({"event_type": "outbound_message", "to": to, "message_text": text});

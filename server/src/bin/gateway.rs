@@ -5,9 +5,16 @@
 //! gateway serve --demo               # the same, plus a demo tenant and its API key
 //! gateway demo                       # demo customer, instance "demo", an API key
 //! gateway --database-url postgres://localhost/gateway migrate
+//!
+//! gateway policy build target/wasm32-unknown-unknown/release/policy_content.wasm \
+//!     --fixtures policies/content/fixtures.json -o content.wasm
+//! gateway policy test content.wasm policies/content/fixtures.json
+//! gateway policy list                # what every running gateway uses
 //! ```
 //!
-//! Every command but `serve` prints one JSON document on stdout; logs go to stderr.
+//! Every command but `serve` and `policy test` prints one JSON document on stdout
+//! (`policy test` prints a line per fixture and `N passed, N failed`); logs go to
+//! stderr. `serve` reloads its policies on SIGHUP.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -79,6 +86,103 @@ enum Command {
     Webhook {
         #[command(subcommand)]
         command: WebhookCommand,
+    },
+    /// Policy modules: build, check and test them; see and change what running
+    /// gateways use.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
+    /// The review queue: sends a policy held for an operator's review.
+    Review {
+        #[command(subcommand)]
+        command: ReviewCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Build the module a gateway loads: componentize the core module cargo built with
+    /// the gateway-policy SDK, embed its fixtures, and validate it as a gateway would.
+    Build {
+        input: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Fixture file embedded in the module; a gateway serves a module only after
+        /// every one of them passes.
+        #[arg(long)]
+        fixtures: Option<PathBuf>,
+        /// Override the name the SDK recorded (the crate's name unless given).
+        #[arg(long)]
+        name: Option<String>,
+        /// Override the version the SDK recorded (the crate's version).
+        #[arg(long)]
+        version: Option<String>,
+        /// Override the stages: purpose, content, or purpose,content.
+        #[arg(long)]
+        stages: Option<String>,
+    },
+    /// Inspect a built module: metadata, size, compile time, its fixtures in the
+    /// sandbox, and whether a gateway would serve it.
+    Check { module: PathBuf },
+    /// Evaluate one context (JSON; missing fields take the fixture defaults) in the
+    /// sandbox.
+    Eval { module: PathBuf, context: PathBuf },
+    /// Run a fixture file in the sandbox; prints `N passed, N failed`, exits 1 if any
+    /// failed.
+    Test {
+        module: PathBuf,
+        fixtures: PathBuf,
+        /// Fuel budget for every fixture that sets no max_fuel.
+        #[arg(long)]
+        max_fuel: Option<u64>,
+    },
+    /// Show the modules (name, version, hash, source) each running gateway uses.
+    List,
+    /// Make every running gateway read its policies directory now.
+    Reload {
+        /// Seconds to wait for the gateways to answer.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
+    /// Make the previous version of a module live again on every running gateway.
+    Rollback {
+        name: String,
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReviewCommand {
+    /// Items of the review queue, newest first.
+    List {
+        /// pending, dismissed, confirmed or all.
+        #[arg(long, default_value = "pending")]
+        status: String,
+        #[arg(long)]
+        customer: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// One item, with the message text.
+    Show { id: i64 },
+    /// The policy was wrong: close the item (the instance stays as it is; resume it
+    /// with `instance resume` if it was paused).
+    Dismiss {
+        id: i64,
+        #[arg(long)]
+        note: Option<String>,
+        #[arg(long, default_value = "operator")]
+        by: String,
+    },
+    /// The message was abuse: close the item as confirmed.
+    Confirm {
+        id: i64,
+        #[arg(long)]
+        note: Option<String>,
+        #[arg(long, default_value = "operator")]
+        by: String,
     },
 }
 
@@ -277,6 +381,19 @@ enum CustomerCommand {
     },
     /// Show a customer.
     Show { id: String },
+    /// Set the purposes the customer is approved for (the purpose policy refuses the
+    /// others with 422 message_purpose_not_allowed).
+    Purposes {
+        #[arg(long)]
+        customer: String,
+        /// Comma-separated: transactional, operational, support, internal_team,
+        /// authentication.
+        #[arg(long, conflicts_with = "all", required_unless_present = "all")]
+        set: Option<String>,
+        /// Approve all five (the default for a new customer).
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -332,6 +449,14 @@ enum InstanceCommand {
     },
     /// Resume a paused instance.
     Resume { id: String },
+    /// Declare how many days the instance's number has been in use: the pacing
+    /// policy warms up numbers younger than 7 days, and a number moved from elsewhere
+    /// is not new.
+    Age {
+        id: String,
+        #[arg(long)]
+        days: i64,
+    },
 }
 
 #[derive(Subcommand)]
@@ -392,83 +517,174 @@ async fn run() -> Result<()> {
         }
         return serve(config, demo).await;
     }
+    let command = match cli.command {
+        Command::Policy { command } => match policy_offline(&config, command)? {
+            Some(online) => Command::Policy { command: online },
+            None => return Ok(()),
+        },
+        other => other,
+    };
     let store = Store::open(&config.database_url, 2, None).await.context("opening the database")?;
-    let out = operate(&store, &config, cli.command).await;
+    let out = operate(&store, &config, command).await;
     store.close().await;
-    println!("{}", serde_json::to_string_pretty(&out?)?);
+    let (ok, out) = out?;
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    if !ok {
+        std::process::exit(1);
+    }
     Ok(())
 }
 
-async fn operate(store: &Store, config: &Config, command: Command) -> Result<Value> {
+/// The policy commands that need no database (build, check, eval, test); the others
+/// are handed back.
+fn policy_offline(config: &Config, command: PolicyCommand) -> Result<Option<PolicyCommand>> {
+    use gateway_server::policy::tools;
+    let print = |v: &Value| -> Result<()> {
+        println!("{}", serde_json::to_string_pretty(v)?);
+        Ok(())
+    };
+    match command {
+        PolicyCommand::Build { input, output, fixtures, name, version, stages } => {
+            let host = tools::host(&config.policies)?;
+            let options = tools::BuildOptions { fixtures, name, version, stages };
+            print(&tools::build(&host, &input, &output, &options)?)?;
+        }
+        PolicyCommand::Check { module } => print(&tools::check(&tools::host(&config.policies)?, &module)?)?,
+        PolicyCommand::Eval { module, context } => {
+            let (ok, out) = tools::eval(&tools::host(&config.policies)?, &module, &context)?;
+            print(&out)?;
+            if !ok {
+                std::process::exit(1);
+            }
+        }
+        PolicyCommand::Test { module, fixtures, max_fuel } => {
+            let report = tools::test(&tools::host(&config.policies)?, &module, &fixtures, max_fuel)?;
+            println!("{report}");
+            if report.failed() > 0 {
+                std::process::exit(1);
+            }
+        }
+        online => return Ok(Some(online)),
+    }
+    Ok(None)
+}
+
+/// Runs a command on the store: (whether it fully succeeded, what to print).
+async fn operate(store: &Store, config: &Config, command: Command) -> Result<(bool, Value)> {
+    if let Command::Policy { command } = command {
+        return policy_online(store, command).await;
+    }
+    Ok((
+        true,
+        match command {
+            Command::Serve { .. } => unreachable!("handled in run"),
+            Command::Migrate => {
+                json!({"migrated": true, "backend": format!("{:?}", store.backend()).to_lowercase()})
+            }
+            Command::Demo => ops::demo(store, config).await?,
+            Command::Customer { command } => match command {
+                CustomerCommand::Create { name, plan, approve } => {
+                    let plan = (plan != "none").then_some(plan);
+                    ops::customer_json(&ops::create_customer(store, &name, plan.as_deref(), approve).await?)
+                }
+                CustomerCommand::Modules { customer, api, pbx } => {
+                    ops::customer_json(&store.set_modules(&customer, on_off(api), on_off(pbx)).await?)
+                }
+                CustomerCommand::Limits { customer, daily, monthly, instance_per_minute, recipient_per_minute } => {
+                    let limits = LimitOverrides { daily, monthly, instance_per_minute, recipient_per_minute };
+                    ops::customer_json(&ops::set_limits(store, &customer, &limits).await?)
+                }
+                CustomerCommand::Show { id } => ops::customer_json(&store.customer(&id).await?),
+                CustomerCommand::Purposes { customer, set, all } => {
+                    let purposes =
+                        if all { None } else { Some(ops::purposes_arg(set.as_deref().unwrap_or_default())?) };
+                    store.set_approved_purposes(&customer, purposes.as_deref()).await?;
+                    ops::customer_json(&store.customer(&customer).await?)
+                }
+            },
+            Command::Plan { command: PlanCommand::Assign { customer, plan, approve } } => {
+                ops::customer_json(&ops::assign_plan(store, &customer, &plan, approve).await?)
+            }
+            Command::Instance { command } => match command {
+                InstanceCommand::Create { customer, name, connected, provider } => {
+                    let provider = provider.unwrap_or_else(|| config.provider.clone());
+                    ops::instance_json(
+                        &ops::create_instance_with(store, config, &customer, &name, &provider, connected).await?,
+                    )
+                }
+                InstanceCommand::Qr { id, number } => {
+                    let number = number.as_deref().map(ops::phone_arg).transpose()?;
+                    ops::instance_qr(store, config, &id, number.as_deref()).await?
+                }
+                InstanceCommand::State { id } => {
+                    ops::instance_json(&ops::sync_instance_state(store, config, &id).await?)
+                }
+                InstanceCommand::ConfirmPairing { id } => ops::instance_json(&ops::confirm_pairing(store, &id).await?),
+                InstanceCommand::Logout { id } => ops::instance_json(&ops::logout_instance(store, config, &id).await?),
+                InstanceCommand::Show { id } => {
+                    let instance = store.instance(&id).await?;
+                    let mut out = ops::instance_json(&instance);
+                    out["lifecycle"] = json!(store.lifecycle(&instance).await?);
+                    let (qr, qr_updated_at) = store.latest_qr(&id).await?;
+                    out["qr"] = json!(qr);
+                    out["qr_updated_at"] = json!(qr_updated_at);
+                    out
+                }
+                InstanceCommand::Pause { id, reason } => {
+                    ops::instance_json(&store.set_paused(&id, true, Some(reason.as_deref().unwrap_or("review"))).await?)
+                }
+                InstanceCommand::Resume { id } => ops::instance_json(&store.set_paused(&id, false, None).await?),
+                InstanceCommand::Age { id, days } => ops::instance_json(&store.set_instance_age(&id, days).await?),
+            },
+            Command::Key { command } => match command {
+                KeyCommand::Create { customer, name } => ops::create_key(store, &customer, &name).await?,
+                KeyCommand::Revoke { key_id } => ops::key_json(&store.revoke_api_key(&key_id).await?),
+            },
+            Command::Suppression { command } => match command {
+                SuppressionCommand::Add { customer, phone, reason } => {
+                    let phone = ops::phone_arg(&phone)?;
+                    store.add_suppression(&customer, &phone, &reason, "manual").await?;
+                    json!({"customer_id": customer, "phone": phone, "suppressed": true, "reason": reason})
+                }
+                SuppressionCommand::Remove { customer, phone } => {
+                    let phone = ops::phone_arg(&phone)?;
+                    let removed = store.remove_suppression(&customer, &phone).await?;
+                    json!({"customer_id": customer, "phone": phone, "suppressed": false, "removed": removed})
+                }
+            },
+            Command::Pbx { command } => pbx(store, config, command).await?,
+            Command::Webhook { command } => webhook(store, config, command).await?,
+            Command::Review { command } => review(store, command).await?,
+            Command::Policy { .. } => unreachable!("handled above"),
+        },
+    ))
+}
+
+async fn policy_online(store: &Store, command: PolicyCommand) -> Result<(bool, Value)> {
+    use gateway_server::policy::tools;
+    let wait = |s: u64| std::time::Duration::from_secs(s);
     Ok(match command {
-        Command::Serve { .. } => unreachable!("handled in run"),
-        Command::Migrate => {
-            json!({"migrated": true, "backend": format!("{:?}", store.backend()).to_lowercase()})
+        PolicyCommand::List => (true, tools::list(store).await?),
+        PolicyCommand::Reload { wait: w } => tools::command(store, "reload", None, wait(w)).await?,
+        PolicyCommand::Rollback { name, wait: w } => tools::command(store, "rollback", Some(&name), wait(w)).await?,
+        _ => unreachable!("offline policy commands are handled before the store opens"),
+    })
+}
+
+async fn review(store: &Store, command: ReviewCommand) -> Result<Value> {
+    Ok(match command {
+        ReviewCommand::List { status, customer, limit } => {
+            let status = (status != "all").then_some(status);
+            let items = store.review_queue(status.as_deref(), customer.as_deref(), limit.clamp(1, 1000), None).await?;
+            json!({"items": items.iter().map(ops::review_json).collect::<Vec<_>>()})
         }
-        Command::Demo => ops::demo(store, config).await?,
-        Command::Customer { command } => match command {
-            CustomerCommand::Create { name, plan, approve } => {
-                let plan = (plan != "none").then_some(plan);
-                ops::customer_json(&ops::create_customer(store, &name, plan.as_deref(), approve).await?)
-            }
-            CustomerCommand::Modules { customer, api, pbx } => {
-                ops::customer_json(&store.set_modules(&customer, on_off(api), on_off(pbx)).await?)
-            }
-            CustomerCommand::Limits { customer, daily, monthly, instance_per_minute, recipient_per_minute } => {
-                let limits = LimitOverrides { daily, monthly, instance_per_minute, recipient_per_minute };
-                ops::customer_json(&ops::set_limits(store, &customer, &limits).await?)
-            }
-            CustomerCommand::Show { id } => ops::customer_json(&store.customer(&id).await?),
-        },
-        Command::Plan { command: PlanCommand::Assign { customer, plan, approve } } => {
-            ops::customer_json(&ops::assign_plan(store, &customer, &plan, approve).await?)
+        ReviewCommand::Show { id } => ops::review_json(&store.review_entry(id).await?),
+        ReviewCommand::Dismiss { id, note, by } => {
+            ops::review_json(&store.decide_review(id, "dismissed", &by, note.as_deref()).await?)
         }
-        Command::Instance { command } => match command {
-            InstanceCommand::Create { customer, name, connected, provider } => {
-                let provider = provider.unwrap_or_else(|| config.provider.clone());
-                ops::instance_json(
-                    &ops::create_instance_with(store, config, &customer, &name, &provider, connected).await?,
-                )
-            }
-            InstanceCommand::Qr { id, number } => {
-                let number = number.as_deref().map(ops::phone_arg).transpose()?;
-                ops::instance_qr(store, config, &id, number.as_deref()).await?
-            }
-            InstanceCommand::State { id } => ops::instance_json(&ops::sync_instance_state(store, config, &id).await?),
-            InstanceCommand::ConfirmPairing { id } => ops::instance_json(&ops::confirm_pairing(store, &id).await?),
-            InstanceCommand::Logout { id } => ops::instance_json(&ops::logout_instance(store, config, &id).await?),
-            InstanceCommand::Show { id } => {
-                let instance = store.instance(&id).await?;
-                let mut out = ops::instance_json(&instance);
-                out["lifecycle"] = json!(store.lifecycle(&instance).await?);
-                let (qr, qr_updated_at) = store.latest_qr(&id).await?;
-                out["qr"] = json!(qr);
-                out["qr_updated_at"] = json!(qr_updated_at);
-                out
-            }
-            InstanceCommand::Pause { id, reason } => {
-                ops::instance_json(&store.set_paused(&id, true, Some(reason.as_deref().unwrap_or("review"))).await?)
-            }
-            InstanceCommand::Resume { id } => ops::instance_json(&store.set_paused(&id, false, None).await?),
-        },
-        Command::Key { command } => match command {
-            KeyCommand::Create { customer, name } => ops::create_key(store, &customer, &name).await?,
-            KeyCommand::Revoke { key_id } => ops::key_json(&store.revoke_api_key(&key_id).await?),
-        },
-        Command::Suppression { command } => match command {
-            SuppressionCommand::Add { customer, phone, reason } => {
-                let phone = ops::phone_arg(&phone)?;
-                store.add_suppression(&customer, &phone, &reason, "manual").await?;
-                json!({"customer_id": customer, "phone": phone, "suppressed": true, "reason": reason})
-            }
-            SuppressionCommand::Remove { customer, phone } => {
-                let phone = ops::phone_arg(&phone)?;
-                let removed = store.remove_suppression(&customer, &phone).await?;
-                json!({"customer_id": customer, "phone": phone, "suppressed": false, "removed": removed})
-            }
-        },
-        Command::Pbx { command } => pbx(store, config, command).await?,
-        Command::Webhook { command } => webhook(store, config, command).await?,
+        ReviewCommand::Confirm { id, note, by } => {
+            ops::review_json(&store.decide_review(id, "confirmed", &by, note.as_deref()).await?)
+        }
     })
 }
 
@@ -573,11 +789,22 @@ async fn serve(config: Config, demo: bool) -> Result<()> {
         tenant["base_url"] = json!(format!("http://{}", server.local_addr()));
         println!("{}", serde_json::to_string_pretty(&tenant)?);
     }
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = sigterm.recv() => {}
-        r = server.wait_for_shutdown() => { r.map_err(anyhow::Error::msg)?; }
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+            _ = sighup.recv() => match server.policies() {
+                Some(policies) => match policies.reload().await {
+                    Ok(summary) => slog::info!(log, "SIGHUP: policies reloaded"; "result" => summary),
+                    Err(e) => slog::warn!(log, "SIGHUP: policies reloaded, a module was refused"; "result" => e),
+                },
+                None => slog::info!(log, "SIGHUP: no policy host to reload"),
+            },
+            r = server.wait_for_shutdown() => { r.map_err(anyhow::Error::msg)?; break; }
+        }
     }
     slog::info!(log, "shutting down");
     server.close().await.map_err(anyhow::Error::msg)?;

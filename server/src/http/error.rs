@@ -29,18 +29,29 @@ impl From<SendError> for ApiError {
             SendError::Paused { .. } => {
                 ApiError::new(423, code, "the instance is paused for responsible-messaging review")
             }
-            SendError::PurposeNotAllowed { policy, reason, risk_score } => ApiError::new(422, code, reason.clone())
-                .with_detail("risk_score", risk_score)
-                .with_detail("field", "message_purpose")
-                .with_detail("policy", policy)
-                .with_detail("reason", reason)
-                .with_detail("action", "block"),
-            SendError::PolicyViolation { policy, reason, action, risk_score } => {
-                ApiError::new(403, code, "the message was refused by a responsible-messaging policy")
+            SendError::PurposeNotAllowed { policy, rule, reason, risk_score } => {
+                ApiError::new(422, code, reason.clone())
+                    .with_detail("risk_score", risk_score)
+                    .with_detail("field", "message_purpose")
+                    .with_detail("policy", policy)
+                    .with_detail("rule", rule)
+                    .with_detail("reason", reason)
+                    .with_detail("action", "block")
+            }
+            SendError::PolicyViolation { policy, rule, reason, action, risk_score } => {
+                let message = match action {
+                    "review" => "the message was held for a responsible-messaging review and not sent",
+                    _ => "the message was refused by a responsible-messaging policy",
+                };
+                let e = ApiError::new(403, code, message)
                     .with_detail("policy", policy)
                     .with_detail("reason", reason)
                     .with_detail("action", action)
-                    .with_detail("risk_score", risk_score)
+                    .with_detail("risk_score", risk_score);
+                match rule {
+                    Some(rule) => e.with_detail("rule", rule),
+                    None => e,
+                }
             }
             SendError::Suppressed => ApiError::new(403, code, "the recipient has opted out or is suppressed"),
             SendError::Throttled { scope, limit, retry_after_seconds } => {

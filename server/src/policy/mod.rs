@@ -1,95 +1,89 @@
-//! Policy engine seam: the send pipeline asks it for a decision at two stages,
-//! `purpose` (before suppression) and `content` (after it).
+//! The policy engine: the send pipeline asks it for a decision at two stages, `purpose`
+//! (before suppression) and `content` (after it).
 //!
-//! The built-in engine carries the specification's purpose rule: the five allowed
-//! purposes. It has no content rules; the WebAssembly policy host (its own issue)
-//! implements this trait with sandboxed modules and bundles the content rules.
+//! The engine is a host for sandboxed WebAssembly components ([`host::PolicyHost`]):
+//! policy authors write rules against the `gateway-policy` SDK (`policies/sdk`), the
+//! gateway bundles three (`purpose`, `content`, `pacing`, built from `policies/`) and
+//! loads more, or newer versions, from the policies directory while it runs
+//! ([`reload`]). Every module asked at a stage is evaluated on a fresh instance; the
+//! first deny decides, else the first review, else allow; every module's verdict,
+//! fuel and time go to the message log ([`TraceEntry`]).
+//!
+//! The trait stays small so the pipeline does not depend on wasmtime, and tests can
+//! plug in a plain Rust engine.
 
-use gateway_api::MessagePurpose;
+pub mod bundled;
+pub mod host;
+pub mod module;
+pub mod reload;
+pub mod sandbox;
+pub mod tools;
+pub mod wit;
 
-/// Where in the pipeline a decision is asked for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stage {
-    Purpose,
-    Content,
-}
+pub use gateway_policy_model::{Context, Stage, Verdict};
 
-/// What a policy sees of a send.
-#[derive(Clone, Debug)]
-pub struct PolicyContext<'a> {
-    pub stage: Stage,
-    pub purpose: &'a str,
-    pub text: Option<&'a str>,
-    pub recipient: &'a str,
-    pub country_code: u16,
-    pub customer_id: &'a str,
-    pub instance_id: &'a str,
-    /// `api`, `pbx` or `dashboard`.
-    pub source: &'a str,
-}
+use serde::Serialize;
 
-/// A policy's answer.
+/// A stage's decision.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decision {
     Allow,
-    Deny { policy: String, code: String, reason: String, risk_score: u8 },
-    Review { policy: String, reason: String, risk_score: u8 },
+    /// Refuse. `fault`: no module decided this; a module failed and the fail mode is
+    /// `deny` (always 403 `policy_violation`, whatever the stage).
+    Deny {
+        policy: String,
+        code: String,
+        reason: String,
+        risk_score: u8,
+        fault: bool,
+    },
+    /// Refuse and queue for an operator's review.
+    Review {
+        policy: String,
+        reason: String,
+        risk_score: u8,
+    },
+}
+
+/// One module's part in a decision, as written to the message log.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TraceEntry {
+    pub stage: &'static str,
+    pub module: String,
+    pub version: String,
+    /// The first 12 hex digits of the module's SHA-256.
+    pub sha256: String,
+    /// `allow`, `deny`, `review`, or `fault`.
+    pub decision: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub risk: Option<u8>,
+    /// The fault's kind (`out_of_fuel`, `out_of_memory`, `trap`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault: Option<&'static str>,
+    pub fuel: u64,
+    /// Microseconds the evaluation took (instantiation included).
+    pub us: u64,
+}
+
+/// What a stage decided, and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageOutcome {
+    pub decision: Decision,
+    pub trace: Vec<TraceEntry>,
+}
+
+impl StageOutcome {
+    /// Allowed with nobody asked.
+    pub fn allow() -> StageOutcome {
+        StageOutcome { decision: Decision::Allow, trace: Vec::new() }
+    }
 }
 
 /// Decides sends.
+#[async_trait::async_trait]
 pub trait PolicyEngine: Send + Sync + 'static {
-    fn evaluate(&self, ctx: &PolicyContext<'_>) -> Decision;
-}
-
-/// Name of the built-in purpose rule, as logged.
-pub const BUILTIN_PURPOSE: &str = "builtin/purpose@1.0.0";
-
-/// The built-in rules.
-#[derive(Clone, Debug, Default)]
-pub struct Builtin;
-
-impl PolicyEngine for Builtin {
-    fn evaluate(&self, ctx: &PolicyContext<'_>) -> Decision {
-        match ctx.stage {
-            Stage::Purpose if MessagePurpose::parse(ctx.purpose).is_none() => Decision::Deny {
-                policy: BUILTIN_PURPOSE.to_string(),
-                code: "message_purpose_not_allowed".to_string(),
-                reason: format!(
-                    "{:?} is not an allowed purpose; use transactional, operational, support, internal_team or authentication",
-                    ctx.purpose
-                ),
-                risk_score: 100,
-            },
-            _ => Decision::Allow,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ctx(stage: Stage, purpose: &str) -> PolicyContext<'_> {
-        PolicyContext {
-            stage,
-            purpose,
-            text: Some("hi"),
-            recipient: "+14155550123",
-            country_code: 1,
-            customer_id: "c",
-            instance_id: "i",
-            source: "api",
-        }
-    }
-
-    #[test]
-    fn purpose_rule_allows_the_five_and_denies_others() {
-        for p in MessagePurpose::ALL {
-            assert_eq!(Builtin.evaluate(&ctx(Stage::Purpose, p.as_str())), Decision::Allow);
-        }
-        for p in ["marketing", "political", "Transactional", ""] {
-            assert!(matches!(Builtin.evaluate(&ctx(Stage::Purpose, p)), Decision::Deny { .. }), "{p}");
-        }
-        assert_eq!(Builtin.evaluate(&ctx(Stage::Content, "marketing")), Decision::Allow);
-    }
+    /// Decides `ctx.stage` of one send.
+    async fn evaluate(&self, ctx: &Context) -> StageOutcome;
 }

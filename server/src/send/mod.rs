@@ -15,12 +15,14 @@ pub mod media;
 pub mod phone;
 
 use crate::config::Config;
-use crate::policy::{Decision, PolicyContext, PolicyEngine, Stage};
+use crate::policy::{Decision, PolicyEngine, Stage, TraceEntry};
 use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance};
 use crate::store::{
-    Customer, Instance, LimitHit, LogEntry, OutboxEvent, PlanStatus, Reservation, Store, StoreError, now_ms,
+    Customer, INSTANCE_DAY_SCOPE, Instance, LimitHit, LogEntry, OutboxEvent, PlanStatus, Reservation, ReviewItem,
+    SendContext, Store, StoreError, now_ms,
 };
-use gateway_api::{MediaType, SendMessageRequest, events};
+use gateway_api::{MediaType, MessagePurpose, SendMessageRequest, events};
+use gateway_policy_model as model;
 use media::Media;
 use phone::Phone;
 use std::sync::Arc;
@@ -51,9 +53,11 @@ pub enum SendError {
     #[error("the instance is paused for responsible-messaging review")]
     Paused { reason: Option<String> },
     #[error("{reason}")]
-    PurposeNotAllowed { policy: String, reason: String, risk_score: u8 },
+    PurposeNotAllowed { policy: String, rule: String, reason: String, risk_score: u8 },
+    /// `action` is `block` or `review`; `rule` is the module's deny code (none for a
+    /// review).
     #[error("{reason}")]
-    PolicyViolation { policy: String, reason: String, action: &'static str, risk_score: u8 },
+    PolicyViolation { policy: String, rule: Option<String>, reason: String, action: &'static str, risk_score: u8 },
     #[error("the recipient is suppressed")]
     Suppressed,
     #[error("sending too fast ({scope})")]
@@ -136,6 +140,7 @@ pub struct Sender {
     provider: Arc<dyn Provider>,
     policy: Arc<dyn PolicyEngine>,
     config: Arc<Config>,
+    log: slog::Logger,
 }
 
 /// A request that passed the schema step.
@@ -159,17 +164,28 @@ struct Attempt<'a> {
     instance: Option<Instance>,
     checked: Option<Checked>,
     reservations: Vec<Reservation>,
+    /// Every policy module's verdict, both stages.
+    trace: Vec<TraceEntry>,
+    /// Set when a policy sent the message to review.
+    review: Option<ReviewItem>,
 }
 
 impl Sender {
     /// A pipeline over these parts.
-    pub fn new(store: Store, provider: Arc<dyn Provider>, policy: Arc<dyn PolicyEngine>, config: Arc<Config>) -> Self {
-        Sender { store, provider, policy, config }
+    pub fn new(
+        store: Store,
+        provider: Arc<dyn Provider>,
+        policy: Arc<dyn PolicyEngine>,
+        config: Arc<Config>,
+        log: slog::Logger,
+    ) -> Self {
+        Sender { store, provider, policy, config, log }
     }
 
     /// Runs every check, sends, and writes the attempt's log row (and event).
     pub async fn send(&self, input: &SendInput) -> Result<Sent, SendError> {
-        let mut attempt = Attempt { input, instance: None, checked: None, reservations: Vec::new() };
+        let mut attempt =
+            Attempt { input, instance: None, checked: None, reservations: Vec::new(), trace: Vec::new(), review: None };
         let result = self.run(&mut attempt).await;
         let now = now_ms();
         let mut entry = LogEntry {
@@ -184,6 +200,8 @@ impl Sender {
             },
             message_type: attempt.checked.as_ref().map(|c| c.message_type().to_string()),
             created_at: now,
+            policy_trace: (!attempt.trace.is_empty())
+                .then(|| serde_json::to_string(&attempt.trace).unwrap_or_default()),
             ..LogEntry::default()
         };
         match result {
@@ -241,7 +259,19 @@ impl Sender {
                 entry.policy = Some(error.check());
                 entry.reason = Some(truncate(&error.to_string(), 500));
                 if !matches!(error, SendError::Store(_)) {
-                    self.store.record_attempt(&entry, None).await?;
+                    let review = attempt.review.as_mut().map(|r| {
+                        r.window_start = now - self.config.policies.review_window_hours.max(1) * 3_600_000;
+                        &*r
+                    });
+                    let recorded = self.store.record_reviewed(&entry, None, review).await?;
+                    if recorded.paused
+                        && let Some(instance) = &attempt.instance
+                    {
+                        slog::warn!(self.log, "instance paused for review";
+                                    "instance_id" => &instance.id, "customer_id" => &instance.customer_id,
+                                    "reviews" => self.config.policies.review_pause_threshold,
+                                    "window_hours" => self.config.policies.review_window_hours);
+                    }
                 }
                 Err(error)
             }
@@ -300,10 +330,11 @@ impl Sender {
     async fn run(&self, a: &mut Attempt<'_>) -> Result<crate::provider::ProviderReceipt, SendError> {
         let checked = self.check_schema(&a.input.body).await?;
         let checked = a.checked.insert(checked);
-        let context = self.store.send_context(&a.input.customer_id, &checked.instance_ref, &checked.phone.e164).await?;
-        let instance = a.instance.insert(context.instance.ok_or(SendError::InvalidInstance)?);
-        let customer = context.customer;
         let now = now_ms();
+        let context =
+            self.store.send_context(&a.input.customer_id, &checked.instance_ref, &checked.phone.e164, now).await?;
+        let instance = a.instance.insert(context.instance.clone().ok_or(SendError::InvalidInstance)?);
+        let customer = context.customer.clone();
         let plan_status = customer.plan_status(now);
         if plan_status != PlanStatus::Active {
             return Err(SendError::ActivePlanRequired { plan_status });
@@ -318,34 +349,34 @@ impl Sender {
         if instance.paused {
             return Err(SendError::Paused { reason: instance.paused_reason.clone() });
         }
-        let mut ctx = PolicyContext {
-            stage: Stage::Purpose,
-            purpose: &checked.purpose,
-            text: checked.text.as_deref(),
-            recipient: &checked.phone.e164,
-            country_code: checked.phone.country_code,
-            customer_id: &customer.id,
-            instance_id: &instance.id,
-            source: a.input.source,
-        };
-        match self.policy.evaluate(&ctx) {
+        let mut ctx = policy_context(a.input.source, checked, instance, &customer, &context, now);
+        let purpose = self.policy.evaluate(&ctx).await;
+        a.trace.extend(purpose.trace);
+        match purpose.decision {
             Decision::Allow => {}
-            Decision::Deny { policy, reason, risk_score, .. } | Decision::Review { policy, reason, risk_score } => {
-                return Err(SendError::PurposeNotAllowed { policy, reason, risk_score });
+            Decision::Deny { policy, code, reason, risk_score, fault: false } => {
+                return Err(SendError::PurposeNotAllowed { policy, rule: code, reason, risk_score });
             }
+            decision => return Err(self.refusal(a, decision)),
+        }
+        // The specification's five purposes hold whatever modules are loaded (the
+        // bundled purpose policy refuses the others first, with its own rule).
+        if MessagePurpose::parse(&checked.purpose).is_none() {
+            return Err(SendError::PurposeNotAllowed {
+                policy: "gateway/purpose".into(),
+                rule: "unknown_purpose".into(),
+                reason: format!("{:?} is not one of the allowed purposes", checked.purpose),
+                risk_score: 90,
+            });
         }
         if context.suppressed {
             return Err(SendError::Suppressed);
         }
         ctx.stage = Stage::Content;
-        match self.policy.evaluate(&ctx) {
-            Decision::Allow => {}
-            Decision::Deny { policy, reason, risk_score, .. } => {
-                return Err(SendError::PolicyViolation { policy, reason, action: "block", risk_score });
-            }
-            Decision::Review { policy, reason, risk_score } => {
-                return Err(SendError::PolicyViolation { policy, reason, action: "review", risk_score });
-            }
+        let content = self.policy.evaluate(&ctx).await;
+        a.trace.extend(content.trace);
+        if content.decision != Decision::Allow {
+            return Err(self.refusal(a, content.decision));
         }
         let reservations = self.reservations(&customer, instance, &checked.phone.e164, now);
         if let Err(hit) = self.store.reserve(&reservations).await? {
@@ -368,6 +399,34 @@ impl Sender {
             Ok(Ok(receipt)) => Ok(receipt),
             Ok(Err(e)) => Err(SendError::Provider(e)),
             Err(_) => Err(SendError::Provider(ProviderError::Timeout(timeout.as_millis() as u64))),
+        }
+    }
+
+    /// The error of a policy refusal (a deny at the content stage, a module fault
+    /// under the `deny` fail mode, or a review at either stage); a review is also
+    /// queued for the operator with the attempt's log row.
+    fn refusal(&self, a: &mut Attempt<'_>, decision: Decision) -> SendError {
+        match decision {
+            Decision::Allow => unreachable!("an allowed stage is no refusal"),
+            Decision::Deny { policy, code, reason, risk_score, .. } => {
+                SendError::PolicyViolation { policy, rule: Some(code), reason, action: "block", risk_score }
+            }
+            Decision::Review { policy, reason, risk_score } => {
+                let threshold = self.config.policies.review_pause_threshold;
+                a.review = Some(ReviewItem {
+                    text: a.checked.as_ref().and_then(|c| c.text.clone()),
+                    policy: policy.clone(),
+                    reason: reason.clone(),
+                    risk_score,
+                    pause_threshold: threshold,
+                    window_start: 0,
+                    pause_reason: format!(
+                        "{threshold} messages sent to review within {} hours",
+                        self.config.policies.review_window_hours
+                    ),
+                });
+                SendError::PolicyViolation { policy, rule: None, reason, action: "review", risk_score }
+            }
         }
     }
 
@@ -461,6 +520,13 @@ impl Sender {
                 expires_at: period_end + DAY_MS,
                 limit: o.monthly.unwrap_or(plan.monthly_messages).max(1),
             },
+            // Not a limit: the instance's sends today, for the pacing policy.
+            Reservation {
+                scope: format!("{INSTANCE_DAY_SCOPE}{}", instance.id),
+                window_start: day,
+                expires_at: day + 2 * DAY_MS,
+                limit: i64::MAX,
+            },
         ]
     }
 
@@ -494,6 +560,61 @@ impl Sender {
     }
 }
 
+/// What the policies see of a send.
+fn policy_context(
+    source: &str,
+    checked: &Checked,
+    instance: &Instance,
+    customer: &Customer,
+    context: &SendContext,
+    now: i64,
+) -> model::Context {
+    let (text, caption) = match &checked.media {
+        Some(_) => (None, checked.text.clone()),
+        None => (checked.text.clone(), None),
+    };
+    let c = &context.counters;
+    model::Context {
+        stage: Stage::Purpose,
+        purpose: checked.purpose.clone(),
+        text,
+        caption,
+        media: checked.media.as_ref().map(|m| model::Media {
+            kind: match m.media_type {
+                MediaType::Image => model::MediaKind::Image,
+                MediaType::Document => model::MediaKind::Document,
+                MediaType::Audio => model::MediaKind::Audio,
+            },
+            mime_type: m.mime_type.clone(),
+            file_name: m.file_name.clone(),
+            size_bytes: m.size().unwrap_or(0) as u64,
+        }),
+        recipient: model::Recipient { phone: checked.phone.e164.clone(), country_code: checked.phone.country_code },
+        instance: model::Instance {
+            id: instance.id.clone(),
+            name: instance.name.clone(),
+            age_days: ((now - instance.created_at).max(0) / DAY_MS) as u32,
+            connection_state: instance.connection_state.clone(),
+        },
+        customer: model::Customer {
+            id: customer.id.clone(),
+            plan: customer.plan.clone().unwrap_or_default(),
+            approved_purposes: match &customer.approved_purposes {
+                Some(p) => p.clone(),
+                None => model::PURPOSES.iter().map(|p| p.to_string()).collect(),
+            },
+        },
+        source: model::Source::parse(source).unwrap_or_default(),
+        counters: model::Counters {
+            to_recipient_24h: c.to_recipient_24h,
+            to_recipient_total: c.to_recipient_total,
+            replies_from_recipient: c.replies_from_recipient,
+            new_recipients_today: c.new_recipients_today,
+            sent_today: c.sent_today,
+        },
+    }
+}
+
 fn limit_error(reservations: &[Reservation], hit: LimitHit, now: i64) -> SendError {
     let r = &reservations[hit.index];
     match hit.index {
@@ -523,11 +644,22 @@ fn truncate(s: &str, max: usize) -> String {
 mod tests {
     use super::*;
 
+    /// These tests stop at the schema step; no policy is asked.
+    struct Unreachable;
+
+    #[async_trait::async_trait]
+    impl PolicyEngine for Unreachable {
+        async fn evaluate(&self, _: &model::Context) -> crate::policy::StageOutcome {
+            unreachable!("the schema tests never reach a policy")
+        }
+    }
+
     async fn sender(dir: &tempfile::TempDir) -> Sender {
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
         let store = Store::open(&url, 1, None).await.unwrap();
         let config = Arc::new(Config::default());
-        Sender::new(store, Arc::new(crate::provider::Simulator), Arc::new(crate::policy::Builtin), config)
+        let log = slog::Logger::root(slog::Discard, slog::o!());
+        Sender::new(store, Arc::new(crate::provider::Simulator), Arc::new(Unreachable), config, log)
     }
 
     fn media_body(caption: Option<&str>, message: Option<&str>) -> SendMessageRequest {

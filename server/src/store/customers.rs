@@ -50,6 +50,8 @@ pub struct Customer {
     pub module_api: bool,
     pub module_pbx: bool,
     pub overrides: LimitOverrides,
+    /// Purposes the operator approved (`None`: all five).
+    pub approved_purposes: Option<Vec<String>>,
     pub created_at: i64,
 }
 
@@ -80,6 +82,9 @@ impl Customer {
                 instance_per_minute: r.col("instance_per_minute")?,
                 recipient_per_minute: r.col("recipient_per_minute")?,
             },
+            approved_purposes: r
+                .col::<Option<String>>("approved_purposes")?
+                .map(|p| p.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect()),
             created_at: r.col("created_at")?,
         })
     }
@@ -119,13 +124,21 @@ impl Instance {
     }
 }
 
-/// Customer, instance by id (or else name) and suppression, in one read.
+/// Customer, instance by id (or else name), suppression and the pacing counters, in
+/// one read. $4: start of the UTC day; $5: 24 hours ago; $6: the instance's day
+/// counter scope prefix (`iday:`).
 static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
     let customer_cols: Vec<String> = CUSTOMER_COLUMNS.split(", ").map(|c| format!("c.{c}")).collect();
     let instance_cols: Vec<String> = INSTANCE_COLUMNS.split(", ").map(|c| format!("i.{c} AS i_{c}")).collect();
     format!(
         "SELECT {}, {}, \
-         (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = c.id AND s.phone = $3) AS suppressed \
+         (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = c.id AND s.phone = $3) AS suppressed, \
+         (SELECT COUNT(*) FROM message_log m WHERE m.instance_id = i.id AND m.recipient = $3 \
+            AND m.created_at >= $5 AND m.decision = 'allowed' AND m.status IN ('sent', 'unknown')) AS to_recipient_24h, \
+         (SELECT k.sent_total FROM contacts k WHERE k.instance_id = i.id AND k.phone = $3) AS to_recipient_total, \
+         (SELECT k.replies_total FROM contacts k WHERE k.instance_id = i.id AND k.phone = $3) AS replies, \
+         (SELECT COUNT(*) FROM contacts k WHERE k.instance_id = i.id AND k.first_sent_at >= $4) AS new_today, \
+         (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || i.id AND u.window_start = $4) AS sent_today \
          FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND (i.id = $2 OR i.name = $2) \
          WHERE c.id = $1 ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END LIMIT 1",
         customer_cols.join(", "),
@@ -133,15 +146,38 @@ static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// Scope prefix of an instance's sends-today counter (reserved with the quota).
+pub const INSTANCE_DAY_SCOPE: &str = "iday:";
+
 impl FromCols for SendContext {
     fn from_cols(row: &impl Cols) -> Result<SendContext, StoreError> {
         let instance_id: Option<String> = row.col("i_id")?;
+        let count = |name: &str| -> Result<u32, StoreError> {
+            Ok(row.col::<Option<i64>>(name)?.unwrap_or(0).clamp(0, u32::MAX as i64) as u32)
+        };
         Ok(SendContext {
             customer: Customer::from_row(row)?,
             instance: instance_id.map(|_| Instance::from_prefixed_row(row, "i_")).transpose()?,
             suppressed: row.col::<i64>("suppressed")? > 0,
+            counters: RecipientCounters {
+                to_recipient_24h: count("to_recipient_24h")?,
+                to_recipient_total: count("to_recipient_total")?,
+                replies_from_recipient: count("replies")?,
+                new_recipients_today: count("new_today")?,
+                sent_today: count("sent_today")?,
+            },
         })
     }
+}
+
+/// What the instance did recently (the pacing policy's inputs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecipientCounters {
+    pub to_recipient_24h: u32,
+    pub to_recipient_total: u32,
+    pub replies_from_recipient: u32,
+    pub new_recipients_today: u32,
+    pub sent_today: u32,
 }
 
 /// What the send pipeline reads after the schema check, in one query.
@@ -152,6 +188,7 @@ pub struct SendContext {
     pub instance: Option<Instance>,
     /// Whether the customer suppressed the recipient.
     pub suppressed: bool,
+    pub counters: RecipientCounters,
 }
 
 /// The stored status and period of a newly assigned plan.
@@ -164,7 +201,7 @@ fn plan_columns(plan: Option<&str>, approve: bool, now: i64) -> (&'static str, O
 }
 
 const CUSTOMER_COLUMNS: &str = "id, name, plan, plan_status, plan_period_start, plan_period_end, module_api, \
-     module_pbx, daily_limit, monthly_limit, instance_per_minute, recipient_per_minute, created_at";
+     module_pbx, daily_limit, monthly_limit, instance_per_minute, recipient_per_minute, approved_purposes, created_at";
 const INSTANCE_COLUMNS: &str = "id, customer_id, name, provider, connection_state, paused, paused_reason, created_at";
 
 impl Store {
@@ -360,11 +397,16 @@ impl Store {
         customer_id: &str,
         instance_ref: &str,
         phone: &str,
+        now: i64,
     ) -> Result<SendContext, StoreError> {
+        const DAY_MS: i64 = 24 * 3_600_000;
         let params = vec![
             SqlValue::Text(customer_id.to_string()),
             SqlValue::Text(instance_ref.to_string()),
             SqlValue::Text(phone.to_string()),
+            SqlValue::Integer(now - now.rem_euclid(DAY_MS)),
+            SqlValue::Integer(now - DAY_MS),
+            SqlValue::Text(INSTANCE_DAY_SCOPE.to_string()),
         ];
         self.read_one(&SEND_CONTEXT_SQL, params)
             .await?
@@ -377,6 +419,21 @@ impl Store {
             .bind(id)
             .bind(i64::from(paused))
             .bind(if paused { reason } else { None })
+            .execute(&self.write)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound(format!("instance {id}")));
+        }
+        self.instance(id).await
+    }
+
+    /// Declares how long the instance's number has been in use (its age is what the
+    /// pacing policy's warm-up reads): a number moved from elsewhere is not new.
+    pub async fn set_instance_age(&self, id: &str, days: i64) -> Result<Instance, StoreError> {
+        let created_at = now_ms() - days.max(0) * 24 * 3_600_000;
+        let done = sqlx::query("UPDATE instances SET created_at = $2 WHERE id = $1")
+            .bind(id)
+            .bind(created_at)
             .execute(&self.write)
             .await?;
         if done.rows_affected() == 0 {

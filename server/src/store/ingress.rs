@@ -322,6 +322,15 @@ async fn apply(
             .bind(at)
             .execute(&mut **tx)
             .await?;
+            // A reply: the pacing policy's never-replied rule no longer applies to them.
+            sqlx::query(
+                "INSERT INTO contacts (instance_id, phone, replies_total) VALUES ($1, $2, 1) \
+                 ON CONFLICT (instance_id, phone) DO UPDATE SET replies_total = contacts.replies_total + 1",
+            )
+            .bind(&instance.id)
+            .bind(&phone)
+            .execute(&mut **tx)
+            .await?;
             match text.as_deref().and_then(keyword) {
                 Some(Keyword::OptOut) => {
                     // A manual suppression stays as it is; an opt-out adds one.

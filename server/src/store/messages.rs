@@ -22,9 +22,36 @@ pub struct LogEntry {
     pub policy: Option<String>,
     pub reason: Option<String>,
     pub provider_message_id: Option<String>,
-    /// `sent`, `failed` or `refused`.
+    /// `sent`, `failed`, `unknown` or `refused`.
     pub status: String,
     pub created_at: i64,
+    /// Every policy module's verdict, fuel and time (JSON array), when policies ran.
+    pub policy_trace: Option<String>,
+}
+
+/// A send a policy sent to review: queued for an operator with the attempt's log row,
+/// in the same transaction; enough of them for one instance pause it.
+#[derive(Clone, Debug)]
+pub struct ReviewItem {
+    /// The message or caption, for the reviewer.
+    pub text: Option<String>,
+    pub policy: String,
+    pub reason: String,
+    pub risk_score: u8,
+    /// This many reviews of the instance since `window_start` (this one included)
+    /// pause it.
+    pub pause_threshold: i64,
+    pub window_start: i64,
+    /// Why the instance is paused, if this review pauses it.
+    pub pause_reason: String,
+}
+
+/// A recorded attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    pub log_id: i64,
+    /// The attempt's review paused the instance.
+    pub paused: bool,
 }
 
 /// An event to deliver to the customer's webhook.
@@ -39,7 +66,7 @@ pub struct OutboxEvent {
 }
 
 const LOG_COLUMNS: &str = "customer_id, instance_id, api_key_id, source, purpose, recipient, message_type, \
-     decision, error_code, policy, reason, provider_message_id, status, created_at";
+     decision, error_code, policy, reason, provider_message_id, status, created_at, policy_trace";
 
 impl FromCols for LogEntry {
     fn from_cols(r: &impl Cols) -> Result<LogEntry, StoreError> {
@@ -58,6 +85,7 @@ impl FromCols for LogEntry {
             provider_message_id: r.col("provider_message_id")?,
             status: r.col("status")?,
             created_at: r.col("created_at")?,
+            policy_trace: r.col("policy_trace")?,
         })
     }
 }
@@ -66,9 +94,22 @@ impl Store {
     /// Writes the log row and, in the same transaction, the event it causes.
     /// Returns the log id.
     pub async fn record_attempt(&self, entry: &LogEntry, event: Option<&OutboxEvent>) -> Result<i64, StoreError> {
+        self.record_reviewed(entry, event, None).await.map(|r| r.log_id)
+    }
+
+    /// Writes the log row, its event, and (for a review decision) the review-queue item
+    /// with the pause it may cause, in one transaction. A sent (or possibly sent)
+    /// message also counts toward its recipient's contact record.
+    pub async fn record_reviewed(
+        &self,
+        entry: &LogEntry,
+        event: Option<&OutboxEvent>,
+        review: Option<&ReviewItem>,
+    ) -> Result<Recorded, StoreError> {
         let entry = Box::new(entry.clone());
         let event = event.cloned().map(Box::new);
-        self.write_op(|reply| WriteOp::Record { entry, event, reply }).await
+        let review = review.cloned().map(Box::new);
+        self.write_op(|reply| WriteOp::Record { entry, event, review, reply }).await
     }
 
     /// The log row with this id.

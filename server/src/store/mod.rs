@@ -19,15 +19,19 @@ mod ingress;
 mod keys;
 mod messages;
 mod pbx;
+mod policies;
 mod webhooks;
 mod writer;
 
 pub use counters::{LimitHit, Reservation};
-pub use customers::{Customer, Instance, LimitOverrides, PlanStatus, SendContext};
+pub use customers::{
+    Customer, INSTANCE_DAY_SCOPE, Instance, LimitOverrides, PlanStatus, RecipientCounters, SendContext,
+};
 pub use ingress::Applied;
 pub use keys::ApiKeyRecord;
-pub use messages::{LogEntry, OutboxEvent};
+pub use messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};
 pub use pbx::{Admission, PbxAdmit, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate, RateCheck};
+pub use policies::{PolicyGateway, ReviewEntry};
 pub use webhooks::{ClaimedEvent, EndpointChange, EventState, WebhookAttempt, WebhookEndpoint};
 
 use rusqlite::types::Value as SqlValue;

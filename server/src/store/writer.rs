@@ -22,7 +22,7 @@
 //! trip each and kept the writer busy (measured in BENCHMARKS.md).
 
 use super::counters::{LimitHit, Reservation};
-use super::messages::{LogEntry, OutboxEvent};
+use super::messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};
 use super::pbx::{Admission, PbxAdmit, PbxEvent};
 use super::{StoreError, bind_dollar};
 use rusqlite::types::Value as SqlValue;
@@ -48,7 +48,8 @@ pub(super) enum WriteOp {
     Record {
         entry: Box<LogEntry>,
         event: Option<Box<OutboxEvent>>,
-        reply: Reply<i64>,
+        review: Option<Box<ReviewItem>>,
+        reply: Reply<Recorded>,
     },
     PbxAdmit {
         admit: Box<PbxAdmit>,
@@ -76,7 +77,7 @@ pub(super) struct Statement {
 enum Done {
     Reserve(Result<(), LimitHit>),
     Release,
-    Record(i64),
+    Record(Recorded),
     PbxAdmit(Admission),
     Exec(Vec<u64>),
 }
@@ -85,8 +86,18 @@ const RELEASE_SQL: &str =
     "UPDATE usage_counters SET count = count - 1 WHERE scope = $1 AND window_start = $2 AND count > 0";
 pub(super) const COUNT_SQL: &str = "SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2";
 const INSERT_LOG_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
-     recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id";
+     recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, \
+     policy_trace) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING id";
+/// A message that went (or may have gone) out counts toward its recipient's contact.
+const CONTACT_SENT_SQL: &str = "INSERT INTO contacts (instance_id, phone, first_sent_at, last_sent_at, sent_total) \
+     VALUES ($1, $2, $3, $3, 1) ON CONFLICT (instance_id, phone) DO UPDATE SET \
+     first_sent_at = COALESCE(contacts.first_sent_at, excluded.first_sent_at), \
+     last_sent_at = excluded.last_sent_at, sent_total = contacts.sent_total + 1";
+const INSERT_REVIEW_SQL: &str = "INSERT INTO review_queue (log_id, customer_id, instance_id, source, purpose, \
+     recipient, message_type, text, policy, reason, risk_score, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+const COUNT_REVIEWS_SQL: &str = "SELECT COUNT(*) FROM review_queue WHERE instance_id = $1 AND created_at >= $2";
+const PAUSE_SQL: &str = "UPDATE instances SET paused = 1, paused_reason = $2 WHERE id = $1 AND paused = 0";
 const INSERT_OUTBOX_SQL: &str = "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, \
      available_at) VALUES ($1, $2, $3, $4, $5, $5)";
 
@@ -128,7 +139,13 @@ fn log_values(e: &LogEntry) -> Vec<SqlValue> {
         text(&e.provider_message_id),
         SqlValue::Text(e.status.clone()),
         SqlValue::Integer(e.created_at),
+        text(&e.policy_trace),
     ]
+}
+
+/// Whether an attempt's message went out, or may have.
+fn went_out(e: &LogEntry) -> bool {
+    e.decision == "allowed" && matches!(e.status.as_str(), "sent" | "unknown")
 }
 
 fn outbox_values(e: &OutboxEvent) -> Vec<SqlValue> {
@@ -146,7 +163,7 @@ fn answer(op: WriteOp, result: Result<Done, StoreError>) {
     match (op, result) {
         (WriteOp::Reserve { reply, .. }, Ok(Done::Reserve(r))) => drop(reply.send(Ok(r))),
         (WriteOp::Release { reply, .. }, Ok(Done::Release)) => drop(reply.send(Ok(()))),
-        (WriteOp::Record { reply, .. }, Ok(Done::Record(id))) => drop(reply.send(Ok(id))),
+        (WriteOp::Record { reply, .. }, Ok(Done::Record(r))) => drop(reply.send(Ok(r))),
         (WriteOp::Reserve { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (WriteOp::Release { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (WriteOp::Record { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
@@ -225,16 +242,8 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &[WriteOp]) -> Result<Ve
                 sqlite_release(&tx, reservations)?;
                 Done::Release
             }
-            WriteOp::Record { entry, event, .. } => {
-                let mut insert = tx.prepare_cached(INSERT_LOG_SQL)?;
-                bind_dollar(&mut insert, &log_values(entry))?;
-                let id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
-                if let Some(event) = event {
-                    let mut insert = tx.prepare_cached(INSERT_OUTBOX_SQL)?;
-                    bind_dollar(&mut insert, &outbox_values(event))?;
-                    insert.raw_execute()?;
-                }
-                Done::Record(id)
+            WriteOp::Record { entry, event, review, .. } => {
+                Done::Record(sqlite_record(&tx, entry, event.as_deref(), review.as_deref())?)
             }
             WriteOp::PbxAdmit { admit, .. } => Done::PbxAdmit(sqlite_pbx_admit(&tx, admit)?),
             WriteOp::Exec { statements, .. } => {
@@ -250,6 +259,60 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &[WriteOp]) -> Result<Ve
     }
     tx.commit()?;
     Ok(results)
+}
+
+fn sqlite_record(
+    tx: &rusqlite::Transaction<'_>,
+    entry: &LogEntry,
+    event: Option<&OutboxEvent>,
+    review: Option<&ReviewItem>,
+) -> Result<Recorded, StoreError> {
+    let mut insert = tx.prepare_cached(INSERT_LOG_SQL)?;
+    bind_dollar(&mut insert, &log_values(entry))?;
+    let log_id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
+    if let Some(event) = event {
+        let mut insert = tx.prepare_cached(INSERT_OUTBOX_SQL)?;
+        bind_dollar(&mut insert, &outbox_values(event))?;
+        insert.raw_execute()?;
+    }
+    if went_out(entry)
+        && let (Some(instance), Some(phone)) = (&entry.instance_id, &entry.recipient)
+    {
+        tx.prepare_cached(CONTACT_SENT_SQL)?.execute(rusqlite::params![instance, phone, entry.created_at])?;
+    }
+    let mut paused = false;
+    if let (Some(review), Some(instance)) = (review, &entry.instance_id) {
+        let mut insert = tx.prepare_cached(INSERT_REVIEW_SQL)?;
+        bind_dollar(&mut insert, &review_values(log_id, entry, review))?;
+        insert.raw_execute()?;
+        let recent: i64 = tx
+            .prepare_cached(COUNT_REVIEWS_SQL)?
+            .query_row(rusqlite::params![instance, review.window_start], |r| r.get(0))?;
+        if recent >= review.pause_threshold {
+            let mut pause = tx.prepare_cached(PAUSE_SQL)?;
+            bind_dollar(&mut pause, &[SqlValue::Text(instance.clone()), SqlValue::Text(review.pause_reason.clone())])?;
+            paused = pause.raw_execute()? > 0;
+        }
+    }
+    Ok(Recorded { log_id, paused })
+}
+
+fn review_values(log_id: i64, e: &LogEntry, r: &ReviewItem) -> Vec<SqlValue> {
+    let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
+    vec![
+        SqlValue::Integer(log_id),
+        SqlValue::Text(e.customer_id.clone()),
+        text(&e.instance_id),
+        SqlValue::Text(e.source.clone()),
+        text(&e.purpose),
+        text(&e.recipient),
+        text(&e.message_type),
+        text(&r.text),
+        SqlValue::Text(r.policy.clone()),
+        SqlValue::Text(r.reason.clone()),
+        SqlValue::Integer(i64::from(r.risk_score)),
+        SqlValue::Integer(e.created_at),
+    ]
 }
 
 fn sqlite_reserve(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<Result<(), LimitHit>, StoreError> {
@@ -467,14 +530,22 @@ fn op_json(op: &WriteOp) -> serde_json::Value {
         WriteOp::Release { reservations, .. } => {
             serde_json::json!({"op": "release", "r": reservations_json(reservations)})
         }
-        WriteOp::Record { entry, event, .. } => {
+        WriteOp::Record { entry, event, review, .. } => {
             let e = entry;
             let log = serde_json::json!({
                 "customer_id": e.customer_id, "instance_id": e.instance_id, "api_key_id": e.api_key_id,
                 "source": e.source, "purpose": e.purpose, "recipient": e.recipient,
                 "message_type": e.message_type, "decision": e.decision, "error_code": e.error_code,
                 "policy": e.policy, "reason": e.reason, "provider_message_id": e.provider_message_id,
-                "status": e.status, "created_at": e.created_at,
+                "status": e.status, "created_at": e.created_at, "policy_trace": e.policy_trace,
+                "went_out": went_out(e),
+            });
+            let review = review.as_ref().map(|r| {
+                serde_json::json!({
+                    "text": r.text, "policy": r.policy, "reason": r.reason, "risk_score": r.risk_score,
+                    "pause_threshold": r.pause_threshold, "window_start": r.window_start,
+                    "pause_reason": r.pause_reason,
+                })
             });
             let event = event.as_ref().map(|v| {
                 serde_json::json!({
@@ -482,7 +553,7 @@ fn op_json(op: &WriteOp) -> serde_json::Value {
                     "payload": v.payload.to_string(), "created_at": v.created_at,
                 })
             });
-            serde_json::json!({"op": "record", "log": log, "event": event})
+            serde_json::json!({"op": "record", "log": log, "event": event, "review": review})
         }
         WriteOp::PbxAdmit { admit, .. } => {
             let a = admit;
@@ -514,7 +585,9 @@ fn done_from_json(op: &WriteOp, r: &serde_json::Value) -> Result<Done, StoreErro
             used: r["used"].as_i64().ok_or_else(bad)?,
         })),
         WriteOp::Release { .. } => Done::Release,
-        WriteOp::Record { .. } => Done::Record(r["id"].as_i64().ok_or_else(bad)?),
+        WriteOp::Record { .. } => {
+            Done::Record(Recorded { log_id: r["id"].as_i64().ok_or_else(bad)?, paused: r["paused"] == true })
+        }
         WriteOp::PbxAdmit { .. } if r["replay"] == true => Done::PbxAdmit(Admission::Replayed),
         WriteOp::PbxAdmit { .. } => Done::PbxAdmit(Admission::Admitted {
             rate_limited_for_ms: r["rate_limited_for_ms"].as_i64(),

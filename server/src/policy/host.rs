@@ -1,0 +1,245 @@
+//! The policy host: the live set of modules and the evaluation of a stage.
+//!
+//! The set is an `ArcSwap<PolicySet>`: an evaluation takes an `Arc` of the set at its
+//! start and finishes on it, so a reload that swaps the set never changes a decision
+//! half-way, and the old modules are freed when their last evaluation ends.
+//!
+//! Where an evaluation runs: an evaluation takes tens of µs, and handing it to another
+//! thread and back (`spawn_blocking`, or `block_in_place`, which moves the worker's
+//! other tasks away) cost more than the evaluations themselves (BENCHMARKS.md), so it
+//! runs on the request's own task. A module that was once slow (over
+//! `module::SLOW_FUEL`, or out of fuel: a runaway loop costs milliseconds) is from
+//! then on run inside `block_in_place` on the server's multi-thread runtime (the
+//! blocking pool on a current-thread runtime), so it can never hold up other
+//! requests. At most `workers` evaluations run at once (a semaphore); the pooling
+//! allocator has a few slots more, for fixture runs during a reload.
+
+use super::module::{LoadError, LoadedModule};
+use super::sandbox::{self, Fault, Limits};
+use super::wit::Converted;
+use super::{Context, Decision, PolicyEngine, StageOutcome, TraceEntry, Verdict};
+use crate::config::PolicySettings;
+use arc_swap::ArcSwap;
+use slog::{Logger, warn};
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+use wasmtime::Engine;
+
+/// Instance slots beyond the workers (fixture runs of a reload, `policy test`).
+const SPARE_SLOTS: u32 = 8;
+
+/// The modules live at one moment, in evaluation order.
+#[derive(Debug, Default)]
+pub struct PolicySet {
+    pub modules: Vec<Arc<LoadedModule>>,
+    /// Counts swaps since the host started.
+    pub generation: u64,
+}
+
+/// What a module fault decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailMode {
+    Deny,
+    Review,
+    Allow,
+}
+
+impl FailMode {
+    fn parse(s: &str) -> FailMode {
+        match s {
+            "review" => FailMode::Review,
+            "allow" => FailMode::Allow,
+            _ => FailMode::Deny,
+        }
+    }
+}
+
+/// The engine, the live set, and the limits every evaluation runs under.
+pub struct PolicyHost {
+    engine: Engine,
+    limits: Limits,
+    max_module_bytes: usize,
+    fail_mode: FailMode,
+    set: ArcSwap<PolicySet>,
+    permits: Semaphore,
+    log: Logger,
+}
+
+/// A host could not be created.
+#[derive(Debug, thiserror::Error)]
+#[error("policy host: {0}")]
+pub struct HostError(pub String);
+
+impl PolicyHost {
+    /// A host with no modules yet; `cache_dir` overrides the settings' cache directory.
+    pub fn new(settings: &PolicySettings, log: Logger) -> Result<PolicyHost, HostError> {
+        let workers = match settings.workers {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
+        let cache = Some(settings.cache_dir.as_str()).filter(|d| !d.is_empty()).map(Path::new);
+        let engine = sandbox::engine(workers as u32 + SPARE_SLOTS, cache).map_err(HostError)?;
+        Ok(PolicyHost {
+            engine,
+            limits: Limits { fuel: settings.fuel, memory_bytes: settings.memory_bytes },
+            max_module_bytes: settings.max_module_bytes,
+            fail_mode: FailMode::parse(&settings.fail_mode),
+            set: ArcSwap::from_pointee(PolicySet::default()),
+            permits: Semaphore::new(workers),
+            log,
+        })
+    }
+
+    /// The sandbox limits of one evaluation.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Compiles and checks a module (blocking: call off the request path). Modules to
+    /// serve must carry fixtures and pass them.
+    pub fn load(&self, bytes: &[u8], source: &str, require_fixtures: bool) -> Result<LoadedModule, LoadError> {
+        LoadedModule::load(&self.engine, bytes, source, self.limits, self.max_module_bytes, require_fixtures)
+    }
+
+    /// The live set.
+    pub fn current(&self) -> Arc<PolicySet> {
+        self.set.load_full()
+    }
+
+    /// Makes `modules` the live set, atomically; evaluations already running finish on
+    /// the set they started with. Returns the new generation.
+    pub fn install(&self, modules: Vec<Arc<LoadedModule>>) -> u64 {
+        let generation = self.set.load().generation + 1;
+        self.set.store(Arc::new(PolicySet { modules, generation }));
+        generation
+    }
+
+    /// Evaluates every module of the live set asked at `ctx.stage`, on this thread.
+    pub fn evaluate_blocking(&self, ctx: &Context, set: &PolicySet) -> StageOutcome {
+        let stage = ctx.stage;
+        let mut converted: Vec<(&'static str, Converted)> = Vec::new();
+        let mut trace = Vec::new();
+        let mut deny = None;
+        let mut review = None;
+        for module in set.modules.iter().filter(|m| m.at_stage(stage)) {
+            let version = module.interface();
+            let index = match converted.iter().position(|(v, _)| *v == version) {
+                Some(i) => i,
+                None => {
+                    converted.push((version, module.convert(ctx)));
+                    converted.len() - 1
+                }
+            };
+            let evaluation = module.evaluate(&converted[index].1, self.limits);
+            let mut entry = TraceEntry {
+                stage: stage.as_str(),
+                module: module.metadata.name.clone(),
+                version: module.metadata.version.clone(),
+                sha256: module.short_hash().to_string(),
+                decision: "allow",
+                code: None,
+                risk: None,
+                fault: None,
+                fuel: evaluation.fuel,
+                us: evaluation.micros,
+            };
+            let verdict = match evaluation.outcome {
+                Ok(verdict) => verdict,
+                Err(fault) => {
+                    warn!(self.log, "policy module failed"; "module" => module.label(), "sha256" => module.short_hash(),
+                          "stage" => stage.as_str(), "fault" => fault.kind(), "detail" => fault.to_string(),
+                          "fail_mode" => ?self.fail_mode);
+                    entry.decision = "fault";
+                    entry.fault = Some(fault.kind());
+                    trace.push(entry);
+                    let (policy, reason) = (module.label(), fault_reason(module, &fault));
+                    match self.fail_mode {
+                        FailMode::Deny if deny.is_none() => {
+                            deny = Some(Decision::Deny {
+                                policy,
+                                code: "policy_error".into(),
+                                reason,
+                                risk_score: 100,
+                                fault: true,
+                            })
+                        }
+                        FailMode::Review if review.is_none() => {
+                            review = Some(Decision::Review { policy, reason, risk_score: 100 })
+                        }
+                        _ => {}
+                    }
+                    continue;
+                }
+            };
+            entry.decision = verdict.name();
+            match verdict {
+                Verdict::Allow => {}
+                Verdict::Deny { code, reason, risk_score } => {
+                    entry.code = Some(code.clone());
+                    entry.risk = Some(risk_score);
+                    if deny.is_none() {
+                        deny = Some(Decision::Deny { policy: module.label(), code, reason, risk_score, fault: false });
+                    }
+                }
+                Verdict::Review { reason, risk_score } => {
+                    entry.risk = Some(risk_score);
+                    if review.is_none() {
+                        review = Some(Decision::Review { policy: module.label(), reason, risk_score });
+                    }
+                }
+            }
+            trace.push(entry);
+        }
+        StageOutcome { decision: deny.or(review).unwrap_or(Decision::Allow), trace }
+    }
+}
+
+fn fault_reason(module: &LoadedModule, fault: &Fault) -> String {
+    format!("the {} policy could not decide ({}); the send was refused to be safe", module.label(), fault.kind())
+}
+
+#[async_trait::async_trait]
+impl PolicyEngine for Arc<PolicyHost> {
+    async fn evaluate(&self, ctx: &Context) -> StageOutcome {
+        let set = self.current();
+        if !set.modules.iter().any(|m| m.at_stage(ctx.stage)) {
+            return StageOutcome::allow();
+        }
+        // The semaphore is never closed.
+        let _permit = self.permits.acquire().await.ok();
+        let slow = set.modules.iter().any(|m| m.at_stage(ctx.stage) && m.is_slow());
+        let multi_thread = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let outcome = if !slow {
+            // Tens of µs: right here, as any computation of a request.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.evaluate_blocking(ctx, &set)))
+                .map_err(|_| "panicked".to_string())
+        } else if multi_thread {
+            // A module that was slow once: this thread, while the runtime moves this
+            // worker's other tasks elsewhere, so a long evaluation holds up nobody.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                tokio::task::block_in_place(|| self.evaluate_blocking(ctx, &set))
+            }))
+            .map_err(|_| "panicked".to_string())
+        } else {
+            // A current-thread runtime cannot lend its only thread: the blocking pool.
+            let (host, ctx) = (self.clone(), ctx.clone());
+            tokio::task::spawn_blocking(move || host.evaluate_blocking(&ctx, &set)).await.map_err(|e| e.to_string())
+        };
+        outcome.unwrap_or_else(|e| {
+            // A panic in the host's own code (not a module trap, which is a value).
+            slog::error!(self.log, "policy evaluation panicked"; "error" => e);
+            StageOutcome {
+                decision: Decision::Deny {
+                    policy: "gateway/policy-host".into(),
+                    code: "policy_error".into(),
+                    reason: "the policy host failed; the send was refused to be safe".into(),
+                    risk_score: 100,
+                    fault: true,
+                },
+                trace: Vec::new(),
+            }
+        })
+    }
+}

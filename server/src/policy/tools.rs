@@ -1,0 +1,252 @@
+//! What `gateway policy ...` does: build, check, evaluate and test modules in the same
+//! sandbox the server uses, and see and change what running gateways use.
+//!
+//! `build`, `check`, `eval` and `test` need no database: a policy author runs them on
+//! their own machine. `eval` and `test` also take the core module cargo builds (it is
+//! componentized in memory), so an author can try a rule before building the artifact.
+
+use super::host::PolicyHost;
+use super::module::{self, LoadError, LoadedModule, Metadata};
+use crate::config::PolicySettings;
+use crate::store::{Store, StoreError, now_ms};
+use gateway_policy_model::{Context, Report};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A tool failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("{path}: {error}")]
+    Read { path: String, error: std::io::Error },
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Host(#[from] super::host::HostError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, ToolError> {
+    std::fs::read(path).map_err(|error| ToolError::Read { path: path.display().to_string(), error })
+}
+
+fn read_text(path: &Path) -> Result<String, ToolError> {
+    std::fs::read_to_string(path).map_err(|error| ToolError::Read { path: path.display().to_string(), error })
+}
+
+/// A host for the tools, in the server's sandbox configuration.
+pub fn host(settings: &PolicySettings) -> Result<PolicyHost, ToolError> {
+    Ok(PolicyHost::new(settings, slog::Logger::root(slog::Discard, slog::o!()))?)
+}
+
+/// What `policy build` is told besides the input.
+#[derive(Clone, Debug, Default)]
+pub struct BuildOptions {
+    pub fixtures: Option<std::path::PathBuf>,
+    pub name: Option<String>,
+    pub version: Option<String>,
+    pub stages: Option<String>,
+}
+
+/// Builds the artifact the gateway loads from `input` (a core module built with the
+/// SDK, or a component), writes it to `output`, and reports what it is. The result is
+/// validated as the server would: metadata, interface version, compile, imports,
+/// bindings, and (when given) every fixture in the sandbox.
+pub fn build(host: &PolicyHost, input: &Path, output: &Path, options: &BuildOptions) -> Result<Value, ToolError> {
+    let bytes = read(input)?;
+    let (component, found) = module::componentize(&bytes)?;
+    let mut metadata = match found {
+        Some(m) => m,
+        None => Metadata {
+            name: options.name.clone().ok_or_else(|| {
+                ToolError::Invalid(
+                    "the module has no gateway-policy metadata (export it with gateway_policy::export_policy!) \
+                     and no --name was given"
+                        .into(),
+                )
+            })?,
+            version: options.version.clone().unwrap_or_else(|| "0.0.0".into()),
+            stages: options.stages.clone().unwrap_or_else(|| "purpose,content".into()),
+            interface: super::wit::SUPPORTED[super::wit::SUPPORTED.len() - 1].to_string(),
+            fixtures: Vec::new(),
+        },
+    };
+    if let Some(name) = &options.name {
+        metadata.name = name.clone();
+    }
+    if let Some(version) = &options.version {
+        metadata.version = version.clone();
+    }
+    if let Some(stages) = &options.stages {
+        metadata.stages = stages.clone();
+    }
+    if let Some(path) = &options.fixtures {
+        metadata.fixtures = module::fixtures_from_json(&read_text(path)?)
+            .map_err(|e| ToolError::Invalid(format!("{}: {e}", path.display())))?;
+    }
+    let artifact = module::with_metadata(&component, &metadata)?;
+    let has_fixtures = !metadata.fixtures.is_empty();
+    let loaded = host.load(&artifact, &output.display().to_string(), has_fixtures)?;
+    std::fs::write(output, &artifact).map_err(|error| ToolError::Read { path: output.display().to_string(), error })?;
+    let mut out = describe(&loaded);
+    out["fixtures"] = match has_fixtures {
+        true => json!(format!("{} passed, 0 failed", metadata.fixtures.len())),
+        false => json!("none: the gateway refuses to serve a module without fixtures (build with --fixtures FILE)"),
+    };
+    Ok(out)
+}
+
+fn describe(m: &LoadedModule) -> Value {
+    json!({
+        "name": m.metadata.name,
+        "version": m.metadata.version,
+        "interface": m.interface(),
+        "stages": m.stages.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        "size": m.size,
+        "sha256": m.sha256,
+        "compile_ms": m.compile_ms,
+        "file": m.source,
+    })
+}
+
+/// A module to try: a built artifact, or a core module made a component in memory
+/// (named after its file if it has no metadata).
+fn load_for_trying(host: &PolicyHost, path: &Path) -> Result<LoadedModule, ToolError> {
+    let bytes = read(path)?;
+    let (component, found) = module::componentize(&bytes)?;
+    let metadata = found.unwrap_or_else(|| Metadata {
+        name: path
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_ascii_lowercase().replace(|c: char| !c.is_ascii_alphanumeric(), "-"))
+            .unwrap_or_else(|| "module".into()),
+        version: "0.0.0".into(),
+        stages: "purpose,content".into(),
+        interface: super::wit::SUPPORTED[super::wit::SUPPORTED.len() - 1].to_string(),
+        fixtures: Vec::new(),
+    });
+    let artifact = module::with_metadata(&component, &metadata)?;
+    Ok(host.load(&artifact, &path.display().to_string(), false)?)
+}
+
+/// Everything about a built module, and whether a gateway would serve it.
+pub fn check(host: &PolicyHost, path: &Path) -> Result<Value, ToolError> {
+    let bytes = read(path)?;
+    let loaded = host.load(&bytes, &path.display().to_string(), false)?;
+    let mut out = describe(&loaded);
+    let limits = host.limits();
+    out["sandbox"] = json!({"fuel": limits.fuel, "memory_bytes": limits.memory_bytes, "imports": "types only"});
+    let report = loaded.run_fixtures(&loaded.metadata.fixtures, limits);
+    let max_fuel = report.results.iter().filter_map(|r| r.fuel).max();
+    out["fixtures"] = json!({"count": report.results.len(), "passed": report.passed(), "failed": report.failed(),
+                             "max_fuel": max_fuel});
+    out["servable"] = match host.load(&bytes, "check", true) {
+        Ok(_) => json!(true),
+        Err(e) => json!(e.to_string()),
+    };
+    Ok(out)
+}
+
+/// Evaluates one context in the sandbox: the verdict, or the fault; fuel and time.
+pub fn eval(host: &PolicyHost, module_path: &Path, context_path: &Path) -> Result<(bool, Value), ToolError> {
+    let module = load_for_trying(host, module_path)?;
+    let ctx = Context::from_json(&read_text(context_path)?).map_err(ToolError::Invalid)?;
+    let e = module.evaluate(&module.convert(&ctx), host.limits());
+    let mut out = match &e.outcome {
+        Ok(verdict) => serde_json::to_value(verdict).unwrap_or_default(),
+        Err(fault) => json!({"fault": fault.kind(), "error": fault.to_string()}),
+    };
+    out["module"] = json!(module.label());
+    out["stage"] = json!(ctx.stage.as_str());
+    out["fuel"] = json!(e.fuel);
+    out["micros"] = json!(e.micros);
+    Ok((e.outcome.is_ok(), out))
+}
+
+/// Runs a fixture file in the sandbox (`max_fuel`: a budget for every fixture that
+/// sets none).
+pub fn test(
+    host: &PolicyHost,
+    module_path: &Path,
+    fixtures: &Path,
+    max_fuel: Option<u64>,
+) -> Result<Report, ToolError> {
+    let module = load_for_trying(host, module_path)?;
+    let mut fixtures = module::fixtures_from_json(&read_text(fixtures)?)
+        .map_err(|e| ToolError::Invalid(format!("{}: {e}", fixtures.display())))?;
+    if let Some(max) = max_fuel {
+        fixtures.iter_mut().filter(|f| f.max_fuel.is_none()).for_each(|f| f.max_fuel = Some(max));
+    }
+    Ok(module.run_fixtures(&fixtures, host.limits()))
+}
+
+/// A gateway that reported within this long is live.
+const LIVE_MS: i64 = 30_000;
+
+/// What each gateway on this store runs (reported in the last hour).
+pub async fn list(store: &Store) -> Result<Value, ToolError> {
+    let now = now_ms();
+    let gateways = store.policy_gateways(now - 3_600_000).await?;
+    let rows: Vec<Value> = gateways
+        .iter()
+        .map(|g| {
+            let status: Value = serde_json::from_str(&g.status).unwrap_or(Value::Null);
+            json!({
+                "gateway_id": g.gateway_id, "host": g.host, "pid": g.pid,
+                "started_at": g.started_at, "heartbeat_at": g.heartbeat_at,
+                "live": now - g.heartbeat_at <= LIVE_MS,
+                "generation": status["generation"], "modules": status["modules"],
+                "refused": status["refused"], "last_command": status["last_command"],
+            })
+        })
+        .collect();
+    Ok(json!({"gateways": rows}))
+}
+
+/// Queues `reload` or `rollback NAME` for every running gateway and waits up to
+/// `wait` for each live one to carry it out. `Ok((all done and succeeded, report))`.
+pub async fn command(
+    store: &Store,
+    command: &str,
+    name: Option<&str>,
+    wait: Duration,
+) -> Result<(bool, Value), ToolError> {
+    let id = store.add_policy_command(command, name).await?;
+    let deadline = Instant::now() + wait;
+    loop {
+        let now = now_ms();
+        let live = store.policy_gateways(now - LIVE_MS).await?;
+        let done = live.iter().all(|g| g.command_seen >= id);
+        if done || Instant::now() >= deadline {
+            let mut ok = done && !live.is_empty();
+            let gateways: Vec<Value> = live
+                .iter()
+                .map(|g| {
+                    let status: Value = serde_json::from_str(&g.status).unwrap_or(Value::Null);
+                    let result = &status["last_command"];
+                    let carried_out = g.command_seen >= id && result["id"] == json!(id);
+                    if !(carried_out && result["ok"] == true) {
+                        ok = false;
+                    }
+                    json!({
+                        "gateway_id": g.gateway_id, "host": g.host, "pid": g.pid,
+                        "done": carried_out, "ok": result["ok"], "result": result["message"],
+                        "modules": status["modules"], "refused": status["refused"],
+                    })
+                })
+                .collect();
+            let note = if live.is_empty() {
+                Some("no gateway reported in the last 30 s; running gateways load the directory when they start")
+            } else {
+                None
+            };
+            return Ok((
+                ok,
+                json!({"command_id": id, "command": command, "name": name, "gateways": gateways, "note": note}),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
