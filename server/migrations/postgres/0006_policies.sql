@@ -1,7 +1,6 @@
 -- Policy engine (PostgreSQL; keep in step with sqlite/0005_policies.sql).
 
 ALTER TABLE message_log ADD COLUMN policy_trace TEXT;
-CREATE INDEX message_log_recipient ON message_log (instance_id, recipient, created_at);
 
 ALTER TABLE customers ADD COLUMN approved_purposes TEXT;
 
@@ -14,7 +13,6 @@ CREATE TABLE contacts (
     replies_total  BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (instance_id, phone)
 );
-CREATE INDEX contacts_first_sent ON contacts (instance_id, first_sent_at);
 
 CREATE TABLE review_queue (
     id            BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -3,14 +3,14 @@
 -- Every module's verdict, fuel and time for the attempt (JSON array; NULL when no
 -- policy was asked, e.g. a schema error).
 ALTER TABLE message_log ADD COLUMN policy_trace TEXT;
--- The pacing counters: messages an instance sent a recipient in the last 24 hours.
-CREATE INDEX message_log_recipient ON message_log (instance_id, recipient, created_at);
 
 -- The purposes the operator approved for a customer (comma-separated); NULL: all five.
 ALTER TABLE customers ADD COLUMN approved_purposes TEXT;
 
 -- Who an instance talks to: first and last message sent, how many, and how many
--- replies (the pacing policy's new-recipient and never-replied rules).
+-- replies (the pacing policy's new-recipient and never-replied rules). Its other
+-- counters (sends today, to a recipient in 24 hours, new recipients today) are rows of
+-- usage_counters, taken with the quota.
 CREATE TABLE contacts (
     instance_id    TEXT NOT NULL,
     phone          TEXT NOT NULL,
@@ -20,7 +20,6 @@ CREATE TABLE contacts (
     replies_total  BIGINT NOT NULL DEFAULT 0,
     PRIMARY KEY (instance_id, phone)
 );
-CREATE INDEX contacts_first_sent ON contacts (instance_id, first_sent_at);
 
 -- Sends a policy sent to review: refused with 403 policy_violation (action review),
 -- kept here for an operator. Enough review decisions for one instance in the window

@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::policy::{Decision, PolicyEngine, Stage, TraceEntry};
 use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance};
 use crate::store::{
-    Customer, INSTANCE_DAY_SCOPE, Instance, LimitHit, LogEntry, OutboxEvent, PlanStatus, Reservation, ReviewItem,
+    Customer, Instance, LimitHit, LogEntry, OutboxEvent, PacingScopes, PlanStatus, Reservation, ReviewItem,
     SendContext, Store, StoreError, now_ms,
 };
 use gateway_api::{MediaType, MessagePurpose, SendMessageRequest, events};
@@ -32,6 +32,7 @@ pub const MAX_TEXT_CHARS: usize = 4096;
 
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 const MINUTE_MS: i64 = 60 * 1000;
+const HOUR_MS: i64 = 60 * MINUTE_MS;
 
 /// Why a send did not go out. Mapped to the wire in `http/error.rs`.
 #[derive(Debug, thiserror::Error)]
@@ -378,7 +379,9 @@ impl Sender {
         if content.decision != Decision::Allow {
             return Err(self.refusal(a, content.decision));
         }
-        let reservations = self.reservations(&customer, instance, &checked.phone.e164, now);
+        let counters = &context.counters;
+        let new_recipient = counters.to_recipient_total == 0 && counters.replies_from_recipient == 0;
+        let reservations = self.reservations(&customer, instance, &checked.phone.e164, new_recipient, now);
         if let Err(hit) = self.store.reserve(&reservations).await? {
             return Err(limit_error(&reservations, hit, now));
         }
@@ -484,7 +487,14 @@ impl Sender {
 
     /// Velocity (instance, recipient) and quota (day, plan period) counters of a send,
     /// in the order they are checked.
-    fn reservations(&self, customer: &Customer, instance: &Instance, to: &str, now: i64) -> Vec<Reservation> {
+    fn reservations(
+        &self,
+        customer: &Customer,
+        instance: &Instance,
+        to: &str,
+        new_recipient: bool,
+        now: i64,
+    ) -> Vec<Reservation> {
         let plan = customer.plan.as_deref().and_then(|p| self.config.plan(p)).unwrap_or(&self.config.plans.starter);
         let o = &customer.overrides;
         let per_instance =
@@ -492,10 +502,11 @@ impl Sender {
         let per_recipient =
             o.recipient_per_minute.or(plan.recipient_per_minute).unwrap_or(self.config.limits.recipient_per_minute);
         let minute = now - now.rem_euclid(MINUTE_MS);
+        let hour = now - now.rem_euclid(HOUR_MS);
         let day = now - now.rem_euclid(DAY_MS);
         let period_start = customer.plan_period_start.unwrap_or(day);
         let period_end = customer.plan_period_end.unwrap_or(day + DAY_MS);
-        vec![
+        let mut reservations = vec![
             Reservation {
                 scope: format!("inst:{}", instance.id),
                 window_start: minute,
@@ -520,14 +531,29 @@ impl Sender {
                 expires_at: period_end + DAY_MS,
                 limit: o.monthly.unwrap_or(plan.monthly_messages).max(1),
             },
-            // Not a limit: the instance's sends today, for the pacing policy.
+            // Not limits: what the pacing policy reads (see `PacingScopes`).
             Reservation {
-                scope: format!("{INSTANCE_DAY_SCOPE}{}", instance.id),
+                scope: format!("{}{}", PacingScopes::INSTANCE_DAY, instance.id),
                 window_start: day,
                 expires_at: day + 2 * DAY_MS,
                 limit: i64::MAX,
             },
-        ]
+            Reservation {
+                scope: format!("{}{}:{to}", PacingScopes::RECIPIENT_HOUR, instance.id),
+                window_start: hour,
+                expires_at: hour + DAY_MS + HOUR_MS,
+                limit: i64::MAX,
+            },
+        ];
+        if new_recipient {
+            reservations.push(Reservation {
+                scope: format!("{}{}", PacingScopes::NEW_RECIPIENT_DAY, instance.id),
+                window_start: day,
+                expires_at: day + 2 * DAY_MS,
+                limit: i64::MAX,
+            });
+        }
+        reservations
     }
 
     /// The outbox event of an attempt that reached the provider: the typed body (see

@@ -125,19 +125,20 @@ impl Instance {
 }
 
 /// Customer, instance by id (or else name), suppression and the pacing counters, in
-/// one read. $4: start of the UTC day; $5: 24 hours ago; $6: the instance's day
-/// counter scope prefix (`iday:`).
+/// one read. Every counter is a bounded lookup (a few index entries), never a count
+/// over the message log: $4 start of the UTC day, $5 start of the hour 24 hours ago,
+/// $6..$8 the scope prefixes of the counters (see [`PacingScopes`]).
 static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
     let customer_cols: Vec<String> = CUSTOMER_COLUMNS.split(", ").map(|c| format!("c.{c}")).collect();
     let instance_cols: Vec<String> = INSTANCE_COLUMNS.split(", ").map(|c| format!("i.{c} AS i_{c}")).collect();
     format!(
         "SELECT {}, {}, \
          (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = c.id AND s.phone = $3) AS suppressed, \
-         (SELECT COUNT(*) FROM message_log m WHERE m.instance_id = i.id AND m.recipient = $3 \
-            AND m.created_at >= $5 AND m.decision = 'allowed' AND m.status IN ('sent', 'unknown')) AS to_recipient_24h, \
+         (SELECT CAST(SUM(u.count) AS BIGINT) FROM usage_counters u WHERE u.scope = $7 || i.id || ':' || $3 \
+            AND u.window_start >= $5) AS to_recipient_24h, \
          (SELECT k.sent_total FROM contacts k WHERE k.instance_id = i.id AND k.phone = $3) AS to_recipient_total, \
          (SELECT k.replies_total FROM contacts k WHERE k.instance_id = i.id AND k.phone = $3) AS replies, \
-         (SELECT COUNT(*) FROM contacts k WHERE k.instance_id = i.id AND k.first_sent_at >= $4) AS new_today, \
+         (SELECT u.count FROM usage_counters u WHERE u.scope = $8 || i.id AND u.window_start = $4) AS new_today, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || i.id AND u.window_start = $4) AS sent_today \
          FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND (i.id = $2 OR i.name = $2) \
          WHERE c.id = $1 ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END LIMIT 1",
@@ -146,8 +147,20 @@ static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Scope prefix of an instance's sends-today counter (reserved with the quota).
-pub const INSTANCE_DAY_SCOPE: &str = "iday:";
+/// Scope prefixes of the counters the pacing policy reads. They are taken with the
+/// quota in the same reservation (never limits themselves) and given back with it if
+/// the provider refuses, so they count what went out.
+pub struct PacingScopes;
+
+impl PacingScopes {
+    /// `iday:{instance}`, per UTC day: the instance's sends.
+    pub const INSTANCE_DAY: &str = "iday:";
+    /// `r24:{instance}:{phone}`, per hour: sends to one recipient (24 buckets make
+    /// the last 24 hours).
+    pub const RECIPIENT_HOUR: &str = "r24:";
+    /// `inew:{instance}`, per UTC day: sends to a recipient never messaged before.
+    pub const NEW_RECIPIENT_DAY: &str = "inew:";
+}
 
 impl FromCols for SendContext {
     fn from_cols(row: &impl Cols) -> Result<SendContext, StoreError> {
@@ -400,13 +413,16 @@ impl Store {
         now: i64,
     ) -> Result<SendContext, StoreError> {
         const DAY_MS: i64 = 24 * 3_600_000;
+        const HOUR_MS: i64 = 3_600_000;
         let params = vec![
             SqlValue::Text(customer_id.to_string()),
             SqlValue::Text(instance_ref.to_string()),
             SqlValue::Text(phone.to_string()),
             SqlValue::Integer(now - now.rem_euclid(DAY_MS)),
-            SqlValue::Integer(now - DAY_MS),
-            SqlValue::Text(INSTANCE_DAY_SCOPE.to_string()),
+            SqlValue::Integer(now - now.rem_euclid(HOUR_MS) - 23 * HOUR_MS),
+            SqlValue::Text(PacingScopes::INSTANCE_DAY.to_string()),
+            SqlValue::Text(PacingScopes::RECIPIENT_HOUR.to_string()),
+            SqlValue::Text(PacingScopes::NEW_RECIPIENT_DAY.to_string()),
         ];
         self.read_one(&SEND_CONTEXT_SQL, params)
             .await?

@@ -24,9 +24,7 @@ mod webhooks;
 mod writer;
 
 pub use counters::{LimitHit, Reservation};
-pub use customers::{
-    Customer, INSTANCE_DAY_SCOPE, Instance, LimitOverrides, PlanStatus, RecipientCounters, SendContext,
-};
+pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, RecipientCounters, SendContext};
 pub use ingress::Applied;
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};
