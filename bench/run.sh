@@ -23,6 +23,7 @@ measure() { # name url key
     ${key:+-H "Authorization: Bearer $key"} -d "$BODY" "$url" | grep -E "Requests/sec|50.00%|99.00%|\[2|\[4|\[5" | sed 's/^/  oha q=1000: /'
 }
 
+mkdir -p "$work/policies" && cp policies/dist/purpose.wasm policies/dist/content.wasm "$work/policies/"
 "$BIN/examples/echo" 127.0.0.1:18081 "$work/echo.log" & wait_port 18081
 measure "echo (bare Dropshot JSON POST)" http://127.0.0.1:18081/echo ""
 kill %1; wait %1 2>/dev/null || true
@@ -35,8 +36,12 @@ run_gateway() { # name database_url port
   cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
   "$BIN/gateway" --database-url "$db" customer limits --customer "$cus" --daily 1000000000 --monthly 1000000000 \
     --instance-per-minute 1000000000 --recipient-per-minute 1000000000 >/dev/null
-  # The simulator's delivered/read reports are off: this measures the send path.
-  GATEWAY_SIMULATOR_STATUS_DELAY_MS=0 GATEWAY_LOG_FILE="$work/$name.log" "$BIN/gateway" --database-url "$db" serve --listen 127.0.0.1:$port &
+  # The simulator's delivered/read reports are off: this measures the send path. The
+  # purpose and content policy modules decide every send; the pacing module is left
+  # out, because a flood to one recipient is exactly what it refuses (its cost is in
+  # bench/policies.sh).
+  GATEWAY_POLICIES__BUNDLED=false GATEWAY_POLICIES_DIR="$work/policies" GATEWAY_POLICIES__CACHE_DIR="$work/cache" \
+    GATEWAY_SIMULATOR_STATUS_DELAY_MS=0 GATEWAY_LOG_FILE="$work/$name.log" "$BIN/gateway" --database-url "$db" serve --listen 127.0.0.1:$port &
   wait_port $port
   measure "send-message, $name" http://127.0.0.1:$port/api/send-message "$key"
   kill %1; wait %1 2>/dev/null || true

@@ -331,24 +331,10 @@ fn sighup_reloads_the_policies_of_a_running_gateway() {
         .env("GATEWAY_POLICIES__DEBOUNCE_MS", "600000")
         .env("GATEWAY_POLICIES__CACHE_DIR", &cache)
         .env("GATEWAY_LOG_FILE", cli._dir.path().join("serve.log"))
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("gateway serve starts");
-    let content_version = |list: &Value| -> Option<String> {
-        let modules = list["gateways"].get(0)?["modules"].as_array()?.clone();
-        modules.iter().find(|m| m["name"] == "content").map(|m| m["version"].as_str().unwrap().to_string())
-    };
-    let wait_for = |version: &str| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        loop {
-            let (ok, list) = cli.run(&["policy", "list"]);
-            if ok && content_version(&list).as_deref() == Some(version) {
-                return list;
-            }
-            assert!(std::time::Instant::now() < deadline, "content {version} never live: {list}");
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-    };
-    let list = wait_for("1.0.0");
+    let list = wait_for_content(&cli, &mut server, "1.0.0");
     assert_eq!(list["gateways"][0]["pid"], server.id());
     let deny = Behaviour::Deny { code: "held", reason: "held", risk: 90 };
     std::fs::write(
@@ -359,9 +345,34 @@ fn sighup_reloads_the_policies_of_a_running_gateway() {
     // The watcher waits 10 minutes for the directory to settle; SIGHUP does not.
     let status = Command::new("kill").args(["-HUP", &server.id().to_string()]).status().unwrap();
     assert!(status.success());
-    wait_for("7.0.0");
+    wait_for_content(&cli, &mut server, "7.0.0");
     let log = std::fs::read_to_string(cli._dir.path().join("serve.log")).unwrap();
     assert!(log.contains("SIGHUP: policies reloaded"), "{log}");
     Command::new("kill").args(["-TERM", &server.id().to_string()]).status().unwrap();
     assert!(server.wait().unwrap().success(), "a clean shutdown");
+}
+
+/// Polls `policy list` until the running gateway's `content` module is `version`.
+fn wait_for_content(cli: &Cli, server: &mut std::process::Child, version: &str) -> Value {
+    // Generous: a debug build compiling the bundled modules on a busy machine is slow.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let (ok, list) = cli.run(&["policy", "list"]);
+        let live = list["gateways"].get(0).and_then(|g| g["modules"].as_array().cloned()).and_then(|modules| {
+            modules.iter().find(|m| m["name"] == "content").map(|m| m["version"].as_str().unwrap().to_string())
+        });
+        if ok && live.as_deref() == Some(version) {
+            return list;
+        }
+        if let Ok(Some(status)) = server.try_wait() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(server.stderr.as_mut().unwrap(), &mut err).unwrap();
+            panic!("gateway serve exited ({status}): {err}");
+        }
+        if std::time::Instant::now() >= deadline {
+            let log = std::fs::read_to_string(cli._dir.path().join("serve.log")).unwrap_or_default();
+            panic!("content {version} never live: {list}\nserve log:\n{log}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }
