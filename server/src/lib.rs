@@ -8,6 +8,7 @@
 
 pub mod apikey;
 pub mod config;
+pub mod dashboard;
 pub mod http;
 pub mod ingress;
 pub mod net;

@@ -5,6 +5,7 @@
 //! gateway serve --demo               # the same, plus a demo tenant and its API key
 //! gateway demo                       # demo customer, instance "demo", an API key
 //! gateway --database-url postgres://localhost/gateway migrate
+//! gateway operator create --email ops@example.com   # prints a one-time sign-in link
 //! ```
 //!
 //! Every command but `serve` prints one JSON document on stdout; logs go to stderr.
@@ -12,6 +13,8 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use gateway_server::config::Config;
+use gateway_server::dashboard::accounts;
+use gateway_server::dashboard::roles::Role;
 use gateway_server::store::{LimitOverrides, PbxSettingsUpdate, Store};
 use gateway_server::{ops, start_server};
 use serde_json::{Value, json};
@@ -79,6 +82,48 @@ enum Command {
     Webhook {
         #[command(subcommand)]
         command: WebhookCommand,
+    },
+    /// Dashboard users of a customer.
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// Operators: the service's own staff (operator console).
+    Operator {
+        #[command(subcommand)]
+        command: OperatorCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum UserCommand {
+    /// Create a dashboard user of a customer; prints a one-time sign-in link (7 days)
+    /// where they choose a password and set up their authenticator.
+    Create {
+        #[arg(long)]
+        customer: String,
+        #[arg(long)]
+        email: String,
+        #[arg(long, value_parser = ["owner", "admin", "developer", "viewer"])]
+        role: String,
+    },
+    /// A new one-time sign-in link for an account (a forgotten password; with
+    /// --reset-mfa the authenticator and recovery codes are forgotten too, for a lost
+    /// phone). Ends the account's sessions when resetting the authenticator.
+    Link {
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        reset_mfa: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum OperatorCommand {
+    /// Create an operator; prints a one-time sign-in link (7 days).
+    Create {
+        #[arg(long)]
+        email: String,
     },
 }
 
@@ -469,6 +514,31 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<Val
         },
         Command::Pbx { command } => pbx(store, config, command).await?,
         Command::Webhook { command } => webhook(store, config, command).await?,
+        Command::User { command } => user(store, config, command).await?,
+        Command::Operator { command: OperatorCommand::Create { email } } => {
+            let (user, link) = accounts::create(store, config, None, &email, Role::Operator, "cli").await?;
+            json!({"user": accounts::user_json(&user), "sign_in_link": link})
+        }
+    })
+}
+
+async fn user(store: &Store, config: &Config, command: UserCommand) -> Result<Value> {
+    Ok(match command {
+        UserCommand::Create { customer, email, role } => {
+            let role = Role::parse(&role).context("unknown role")?;
+            let (user, link) = accounts::create(store, config, Some(&customer), &email, role, "cli").await?;
+            json!({"user": accounts::user_json(&user), "sign_in_link": link})
+        }
+        UserCommand::Link { email, reset_mfa } => {
+            let email = accounts::normalize_email(&email)?;
+            let user = store.dashboard_user_by_email(&email).await?.with_context(|| format!("no account {email}"))?;
+            if reset_mfa {
+                store.reset_mfa(&user.id).await?;
+            }
+            let link = accounts::new_link(store, config, &user).await?;
+            let user = store.dashboard_user(&user.id).await?.context("the account vanished")?;
+            json!({"user": accounts::user_json(&user), "sign_in_link": link})
+        }
     })
 }
 

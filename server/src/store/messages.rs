@@ -38,7 +38,7 @@ pub struct OutboxEvent {
     pub created_at: i64,
 }
 
-const LOG_COLUMNS: &str = "customer_id, instance_id, api_key_id, source, purpose, recipient, message_type, \
+pub(super) const LOG_COLUMNS: &str = "customer_id, instance_id, api_key_id, source, purpose, recipient, message_type, \
      decision, error_code, policy, reason, provider_message_id, status, created_at";
 
 impl FromCols for LogEntry {

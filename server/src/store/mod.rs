@@ -15,6 +15,8 @@
 
 mod counters;
 mod customers;
+mod dashboard;
+mod dashboard_lists;
 mod ingress;
 mod keys;
 mod messages;
@@ -24,6 +26,8 @@ mod writer;
 
 pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PlanStatus, SendContext};
+pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};
+pub use dashboard_lists::{InboundRow, LogFilter, Suppression, Usage};
 pub use ingress::Applied;
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent};
