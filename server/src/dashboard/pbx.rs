@@ -75,18 +75,28 @@ async fn render(
                     }
                 }
                 h2 { "Settings" }
-                form.stack method="post" action="/integrations/pbx/settings" {
-                    (views::csrf_field(&viewer.csrf))
-                    input type="hidden" name="integration" value=(sid);
-                    div.grid {
-                        div { label { "Business name ({{business_name}})" } input type="text" name="business_name" value=[p.business_name.as_deref()] maxlength="100"; }
-                        div { label { "Requests a minute" } input type="number" name="rate_per_minute" min="1" value=(p.rate_per_minute.unwrap_or(cfg.rate_per_minute)); }
-                        div { label { "Burst" } input type="number" name="burst" min="1" value=(p.burst.unwrap_or(cfg.burst)); }
-                        div { label { "Cooldown per caller (minutes, 0: none)" } input type="number" name="cooldown_minutes" min="0" value=(p.cooldown_seconds.map(|s| s / 60).unwrap_or(cfg.cooldown_minutes)); }
-                        div { label { "Strict window (hours; empty: off)" } input type="number" name="strict_window_hours" min="1" value=[p.strict_window_hours]; }
-                        div { label { "IP allowlist (empty: any)" } input type="text" name="ip_allowlist" value=[p.ip_allowlist.as_deref()] placeholder="203.0.113.0/24, 198.51.100.7"; }
+                @if may_configure {
+                    form.stack method="post" action="/integrations/pbx/settings" {
+                        (views::csrf_field(&viewer.csrf))
+                        input type="hidden" name="integration" value=(sid);
+                        div.grid {
+                            div { label { "Business name ({{business_name}})" } input type="text" name="business_name" value=[p.business_name.as_deref()] maxlength="100"; }
+                            div { label { "Requests a minute" } input type="number" name="rate_per_minute" min="1" value=(p.rate_per_minute.unwrap_or(cfg.rate_per_minute)); }
+                            div { label { "Burst" } input type="number" name="burst" min="1" value=(p.burst.unwrap_or(cfg.burst)); }
+                            div { label { "Cooldown per caller (minutes, 0: none)" } input type="number" name="cooldown_minutes" min="0" value=(p.cooldown_seconds.map(|s| s / 60).unwrap_or(cfg.cooldown_minutes)); }
+                            div { label { "Strict window (hours; empty: off)" } input type="number" name="strict_window_hours" min="1" value=[p.strict_window_hours]; }
+                            div { label { "IP allowlist (empty: any)" } input type="text" name="ip_allowlist" value=[p.ip_allowlist.as_deref()] placeholder="203.0.113.0/24, 198.51.100.7"; }
+                        }
+                        button type="submit" { "Save settings" }
                     }
-                    @if may_configure { button type="submit" { "Save settings" } }
+                } @else {
+                    dl.facts {
+                        dt { "Business name" } dd { (p.business_name.as_deref().unwrap_or("—")) }
+                        dt { "Rate limit" } dd { (p.rate_per_minute.unwrap_or(cfg.rate_per_minute)) " a minute, burst " (p.burst.unwrap_or(cfg.burst)) }
+                        dt { "Cooldown per caller" } dd { (p.cooldown_seconds.map(|s| s / 60).unwrap_or(cfg.cooldown_minutes)) " minutes" }
+                        dt { "Strict window" } dd { (p.strict_window_hours.map(|h| format!("{h} hours")).unwrap_or_else(|| "off".into())) }
+                        dt { "IP allowlist" } dd { (p.ip_allowlist.as_deref().unwrap_or("any address")) }
+                    }
                 }
                 h2 { "Templates" }
                 table {

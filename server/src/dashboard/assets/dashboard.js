@@ -1,7 +1,7 @@
 // Gateway dashboard: the only script. Pages work without it; it adds
 //  - live pairing on /instances/{id}/manage: polls status.json every 2 s, swaps the QR
 //    when it changes, shows the connection state, asks for a fresh QR when it is old,
-//    and reloads once the phone is connected;
+//    and reloads once when the phone connects or disconnects;
 //  - the invitation page: copies the code from the link's #fragment into the form
 //    (the code never reaches the server's logs, which record paths and queries).
 "use strict";
@@ -13,13 +13,18 @@
     var img = box.querySelector("img.qr-image");
     var state = box.querySelector("[data-state]");
     var lastQr = img ? img.getAttribute("src") : "";
+    var shown = state ? state.getAttribute("data-state") : "";
     var refreshing = false;
     function tick() {
       fetch(url, { credentials: "same-origin", headers: { "Accept": "application/json" } })
         .then(function (r) { if (!r.ok) { throw new Error(r.status); } return r.json(); })
         .then(function (s) {
           if (state) { state.textContent = s.lifecycle_label; state.setAttribute("data-state", s.lifecycle); }
-          if (s.lifecycle === "connected") { window.location.reload(); return; }
+          // A change of connection changes the page's buttons: show the new page once.
+          if (s.lifecycle !== shown && (s.lifecycle === "connected" || shown === "connected")) {
+            window.location.reload();
+            return;
+          }
           if (img && s.qr && s.qr !== lastQr) { img.setAttribute("src", s.qr); lastQr = s.qr; }
           if (s.lifecycle === "qr_pending" && s.qr_age_seconds > 45 && !refreshing && pairUrl && csrf) {
             refreshing = true;
