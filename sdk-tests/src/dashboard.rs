@@ -122,6 +122,7 @@ impl DashClient {
             .http
             .get(format!("{}{path}", self.base_url))
             .header("cookie", self.cookie_header())
+            .header("accept", "text/html,application/xhtml+xml,*/*;q=0.8")
             .send()
             .await
             .expect("the gateway answers");

@@ -687,3 +687,50 @@ async fn pbx_page_shows_secrets_once_and_saves_templates() {
     );
     cx.teardown().await;
 }
+
+#[tokio::test]
+async fn evolution_pairing_page_follows_the_providers_qr_and_connection() {
+    use gateway_sdk_tests::fake_evolution::FakeEvolution;
+    let fake = FakeEvolution::start("global-key-for-tests").await;
+    let cx = TestContext::with("dash_evolution_pairing", |c| fake.configure(c), None).await;
+    let ana = owner(&cx).await;
+    let id = cx.tenant.instance_id.clone();
+    let status = || async {
+        serde_json::from_str::<serde_json::Value>(&ana.get(&format!("/instances/{id}/status.json")).await.body).unwrap()
+    };
+    assert_eq!(status().await["lifecycle"], "created");
+    let page = format!("/instances/{id}/manage");
+    let paired = ana.submit(&page, &format!("/instances/{id}/pair"), &[]).await;
+    assert_eq!(paired.status, 303, "{}", paired.body);
+    let first = status().await;
+    assert_eq!(first["lifecycle"], "qr_pending");
+    let first_qr = first["qr"].as_str().expect("the provider's QR is shown").to_string();
+    assert!(first_qr.starts_with("data:image/png;base64,"));
+    assert!(ana.get(&page).await.body.contains(&first_qr), "the page shows it");
+    // The provider refreshes the QR: the poll sees the new one.
+    let refreshed = "data:image/png;base64,UkVGUkVTSEVE";
+    let event = serde_json::json!({"event": "qrcode.updated", "instance": id, "data": {"qrcode": {"instance": id,
+        "pairingCode": null, "code": "2@refreshed", "base64": refreshed}}});
+    assert_eq!(fake.emit(&id, &event).await, 200);
+    assert_eq!(status().await["qr"], refreshed);
+    // A pairing code for a number, shown on the page.
+    let with_number = ana.submit(&page, &format!("/instances/{id}/pair"), &[("number", "+55 11 99999 9999")]).await;
+    assert!(with_number.body.contains("WZYEH1YY"), "{}", with_number.body);
+    // The phone connects: the poll says so, and the QR is gone.
+    let open = serde_json::json!({"event": "connection.update", "instance": id, "data": {"instance": id, "state": "open", "statusReason": 200}});
+    assert_eq!(fake.emit(&id, &open).await, 200);
+    let now = status().await;
+    assert_eq!((now["lifecycle"].as_str(), now["qr"].is_null()), (Some("connected"), true));
+    cx.teardown().await;
+}
+
+#[tokio::test]
+async fn root_is_json_for_monitors_and_a_page_for_browsers() {
+    let cx = TestContext::new("dash_root").await;
+    let json: serde_json::Value = cx.http.get(&cx.base_url).send().await.unwrap().json().await.unwrap();
+    assert_eq!(json["status"], "ok");
+    let page = DashClient::new(&cx.base_url).get("/").await;
+    assert!(page.content_type.starts_with("text/html") && page.body.contains("The gateway is reachable."));
+    assert!(page.body.contains("HTTP (local)"), "plain HTTP on loopback is said to be plain");
+    cx.teardown().await;
+}

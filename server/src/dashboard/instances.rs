@@ -305,6 +305,11 @@ async fn pair_post(rqctx: Ctx, path: Path<InstancePath>, body: UntypedBody) -> R
         let state = rqctx.context();
         let number = form.opt("number").map(ops::phone_arg).transpose()?;
         let answer = ops::instance_qr(&state.store, &state.config, &instance.id, number.as_deref()).await?;
+        // The page shows the stored QR: keep the one the provider just answered with
+        // (its later ones arrive as `qrcode.updated` events).
+        if let Some(qr) = answer["qr"].as_str().filter(|_| instance.provider != "simulator") {
+            state.store.store_qr(&instance.id, Some(qr)).await?;
+        }
         info!(rqctx.log, "pairing started"; "user_id" => &viewer.user.id, "instance_id" => &instance.id,
               "state" => answer["state"].as_str().unwrap_or(""));
         if form.get("quiet") == "1" {

@@ -22,16 +22,17 @@ fn scheme(rqctx: &Ctx) -> &'static str {
     if forwarded || rqctx.request.uri().scheme_str() == Some("https") { "https" } else { "http" }
 }
 
-/// Reachability smoke test: an HTML page for people, the old JSON for `Accept: application/json`.
+/// Reachability smoke test: an HTML page for browsers (`Accept: text/html`), the JSON
+/// `{"service":"gateway","status":"ok",...}` for everything else (monitors, curl).
 #[endpoint { method = GET, path = "/", unpublished = true }]
 async fn root_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
-    let wants_json = rqctx
+    let wants_html = rqctx
         .request
         .headers()
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("application/json") && !a.contains("text/html"));
-    if wants_json {
+        .is_some_and(|a| a.contains("text/html"));
+    if !wants_html {
         let mut response =
             Response::new(Body::from(r#"{"service":"gateway","status":"ok","contract":"/openapi.json"}"#));
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
