@@ -734,3 +734,51 @@ async fn root_is_json_for_monitors_and_a_page_for_browsers() {
     assert!(page.body.contains("HTTP (local)"), "plain HTTP on loopback is said to be plain");
     cx.teardown().await;
 }
+
+#[tokio::test]
+async fn webhook_tab_shows_a_disabled_endpoint_and_resends_an_event() {
+    use gateway_sdk_tests::receiver::{Behaviour, Receiver};
+    let cx = TestContext::with(
+        "dash_webhook_disabled",
+        |c| {
+            c.allow_loopback_targets = true;
+            c.webhooks.poll_interval_ms = 20;
+        },
+        None,
+    )
+    .await;
+    let receiver = Receiver::start().await;
+    receiver.script([Behaviour::status(410)]);
+    let dev = person(&cx, Some(&cx.tenant.customer_id), "dev@a.example", Role::Developer).await;
+    let id = cx.tenant.instance_id.clone();
+    let tab = format!("/instances/{id}/manage?tab=webhook");
+    let saved = dev
+        .submit(&tab, &format!("/instances/{id}/webhook"), &[("url", &receiver.url("/h")), ("ev_message.sent", "on")])
+        .await;
+    assert!(saved.body.contains("whsec_"), "a new endpoint's secret is shown once");
+    assert_eq!(cx.store().webhook(&id).await.unwrap().unwrap().events, vec!["message.sent".to_string()]);
+    cx.client.message_send(&crate::text("main", "+14155550123", "hi")).await.unwrap();
+    receiver.wait_for(1, std::time::Duration::from_secs(5)).await;
+    // 410 disabled the endpoint: the tab says so, with the reason.
+    let started = std::time::Instant::now();
+    let page = loop {
+        let page = dev.get(&tab).await;
+        if page.body.contains("id=\"webhook-disabled\"") || started.elapsed().as_secs() > 5 {
+            break page;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(page.body.contains("Deliveries to this endpoint are disabled"), "{}", page.body);
+    assert!(!page.body.contains("whsec_"), "the secret is never shown again");
+    // Enable it, then resend the event that got the 410 (one manual attempt, now 200).
+    let enabled = dev.submit(&tab, &format!("/instances/{id}/webhook/enable"), &[]).await;
+    assert_eq!(enabled.status, 303);
+    assert!(!dev.get(&tab).await.body.contains("id=\"webhook-disabled\""));
+    let event = cx.store().attempts_page(&id, None, 10).await.unwrap()[0].outbox_id.unwrap();
+    let resent = dev.submit(&tab, &format!("/instances/{id}/webhook/resend"), &[("event", &event.to_string())]).await;
+    assert!(resent.body.contains(&format!("Event evt_{event} delivered: 200")), "{}", resent.body);
+    let attempts = cx.store().attempts_page(&id, None, 10).await.unwrap();
+    assert_eq!((attempts[0].trigger.as_str(), attempts[0].succeeded), ("manual", true));
+    assert_eq!(receiver.received().len(), 2);
+    cx.teardown().await;
+}

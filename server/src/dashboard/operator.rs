@@ -141,8 +141,12 @@ async fn customer_page(
 ) -> Result<Markup, DashError> {
     let state = rqctx.context();
     let store = &state.store;
-    let (instances, _) = store.instances_page(&customer.id, 500, 0).await?;
-    let (users, _) = store.customer_users(&customer.id, 500, 0).await?;
+    let q = query(rqctx);
+    let number = |name: &str| q.get(name).and_then(|p| p.parse::<i64>().ok()).filter(|p| *p >= 1).unwrap_or(1);
+    let (ipage, upage) = (number("ipage"), number("upage"));
+    let (instances, instance_total) = store.instances_page(&customer.id, PAGE_SIZE, (ipage - 1) * PAGE_SIZE).await?;
+    let (users, user_total) = store.customer_users(&customer.id, PAGE_SIZE, (upage - 1) * PAGE_SIZE).await?;
+    let base = format!("/operator/customers/{}", customer.id);
     let now = now_ms();
     let status = customer.plan_status(now);
     let limits = limits(&state.config, customer);
@@ -198,6 +202,7 @@ async fn customer_page(
             }
             h2 { "Instances" }
             (instances_table(viewer, &instances.iter().map(|i| (i, customer.name.as_str())).collect::<Vec<_>>()))
+            (views::pager_named(&base, "ipage", ipage, instance_total, PAGE_SIZE))
             h2 { "Users" }
             table {
                 thead { tr { th { "Email" } th { "Role" } th { "Last sign-in" } } }
@@ -206,6 +211,7 @@ async fn customer_page(
                     @if users.is_empty() { tr { td colspan="3" { "No users yet: invite the owner." } } }
                 }
             }
+            (views::pager_named(&base, "upage", upage, user_total, PAGE_SIZE))
             form.row.card method="post" action=(format!("/operator/customers/{id}/invite")) {
                 (views::csrf_field(&viewer.csrf))
                 label { "Email" input type="email" name="email" required; }

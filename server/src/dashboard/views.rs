@@ -135,13 +135,18 @@ pub fn button_form(action: &str, csrf: &str, label: &str, hidden: &[(&str, &str)
 
 /// "Page 2 of 7" with previous and next links; `base` is the path with its filters.
 pub fn pager(base: &str, page: i64, total: i64, page_size: i64) -> Markup {
+    pager_named(base, "page", page, total, page_size)
+}
+
+/// [`pager`] with another query parameter (a page with two lists).
+pub fn pager_named(base: &str, param: &str, page: i64, total: i64, page_size: i64) -> Markup {
     let pages = ((total + page_size - 1) / page_size).max(1);
     let join = if base.contains('?') { '&' } else { '?' };
     html! {
         nav.pager aria-label="Pages" {
-            @if page > 1 { a rel="prev" href=(format!("{base}{join}page={}", page - 1)) { "← Previous" } }
+            @if page > 1 { a rel="prev" href=(format!("{base}{join}{param}={}", page - 1)) { "← Previous" } }
             span { "Page " (page) " of " (pages) " · " (total) " in all" }
-            @if page < pages { a rel="next" href=(format!("{base}{join}page={}", page + 1)) { "Next →" } }
+            @if page < pages { a rel="next" href=(format!("{base}{join}{param}={}", page + 1)) { "Next →" } }
         }
     }
 }
