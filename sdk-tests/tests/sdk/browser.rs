@@ -197,6 +197,18 @@ async fn browser_suppression_refuses_the_send() {
     b.submit("/suppressed-recipients").await;
     b.wait_for_text("Suppressed: sends to this number are refused.").await;
     assert!(b.text_of("#suppressions").await.contains("asked us to stop"));
+    // A CSV file chosen in the page is read into the import form.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("optouts.csv");
+    std::fs::write(&file, "phone,reason\n+14155550124,complaint\n+442071838750,asked by phone\n").unwrap();
+    b.find("#csv-file").await.send_keys(&file.display().to_string()).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while b.find("#csv").await.prop("value").await.unwrap().unwrap_or_default().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the file was not read into the form");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    b.submit("/suppressed-recipients/import").await;
+    b.wait_for_text("Imported 2 row(s): 2 new").await;
     b.screenshot("07-suppressed-recipients").await;
     // The dashboard's own test send is refused, through the real pipeline.
     let id = &cx.tenant.instance_id;

@@ -57,7 +57,9 @@ async fn render(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) -> Result
                     form.stack.card method="post" action="/suppressed-recipients/import" {
                         (views::csrf_field(&viewer.csrf))
                         label for="csv" { "Import CSV (phone,reason per line)" }
+                        input #csv-file type="file" accept=".csv,text/csv,text/plain" data-fill="csv" hidden;
                         textarea #csv name="csv" placeholder="phone,reason\n+14155550123,complaint" {}
+                        p.hint { "Paste the file's text" span.js-only hidden { ", or choose the file above" } "; at most 10,000 rows." }
                         button type="submit" { "Import" }
                     }
                 }

@@ -2,6 +2,8 @@
 //  - live pairing on /instances/{id}/manage: polls status.json every 2 s, swaps the QR
 //    when it changes, shows the connection state, asks for a fresh QR when it is old,
 //    and reloads once when the phone connects or disconnects;
+//  - the CSV import: a file chosen is read into the form's text field (the form itself
+//    stays application/x-www-form-urlencoded);
 //  - the invitation page: copies the code from the link's #fragment into the form
 //    (the code never reaches the server's logs, which record paths and queries).
 "use strict";
@@ -45,7 +47,22 @@
       history.replaceState(null, "", window.location.pathname);
     }
   }
+  function fileFill(input) {
+    var target = document.getElementById(input.getAttribute("data-fill"));
+    input.hidden = false;
+    var hints = document.querySelectorAll(".js-only");
+    for (var i = 0; i < hints.length; i++) { hints[i].hidden = false; }
+    input.addEventListener("change", function () {
+      var file = input.files && input.files[0];
+      if (!file || !target) { return; }
+      var reader = new FileReader();
+      reader.onload = function () { target.value = String(reader.result); };
+      reader.readAsText(file);
+    });
+  }
   document.addEventListener("DOMContentLoaded", function () {
+    var files = document.querySelectorAll("input[type=file][data-fill]");
+    for (var j = 0; j < files.length; j++) { fileFill(files[j]); }
     var boxes = document.querySelectorAll("[data-status-url]");
     for (var i = 0; i < boxes.length; i++) { livePairing(boxes[i]); }
     inviteCode();
