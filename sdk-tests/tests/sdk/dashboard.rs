@@ -604,6 +604,26 @@ async fn users_are_invited_with_a_one_time_link_and_removal_ends_their_sessions(
         .post("/invite", &[("csrf", &csrf), ("token", code), ("password", PASSWORD), ("password2", PASSWORD)])
         .await;
     assert_eq!(reused.status, 400);
+    // A new link (a forgotten password) sets a new password and ends the old sessions;
+    // the authenticator stays.
+    let relinked = ana
+        .submit(
+            "/users",
+            &format!("/users/{}/link", cx.store().dashboard_user_by_email("dev@a.example").await.unwrap().unwrap().id),
+            &[],
+        )
+        .await;
+    let new_link = shown_link(&relinked.body).expect("a new link is shown");
+    let other_browser = DashClient::new(&cx.base_url);
+    let csrf = other_browser.get("/invite").await.csrf();
+    let code = new_link.split_once('#').unwrap().1;
+    let reset = other_browser
+        .post("/invite", &[("csrf", &csrf), ("token", code), ("password", PASSWORD), ("password2", PASSWORD)])
+        .await;
+    assert_eq!(reset.location.as_deref(), Some("/login/mfa"), "the authenticator stays: {}", reset.body);
+    assert_sign_in_redirect(&dev.get("/instances").await, "a session from before the new password");
+    dev.password_step().await;
+    assert_eq!(dev.code_step(&dev.fresh_code().await).await.location.as_deref(), Some("/dashboard"));
     // Removing the user ends their session at once.
     let user = cx.store().dashboard_user_by_email("dev@a.example").await.unwrap().unwrap();
     let removed = ana.submit("/users", &format!("/users/{}/remove", user.id), &[]).await;

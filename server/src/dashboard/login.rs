@@ -395,6 +395,10 @@ async fn invite_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, Ht
         if !store.spend_invitation(&token_hash, now).await? {
             return Err(DashError::BadRequest("This invitation was just used.".into()));
         }
+        if user.password_hash.is_some() {
+            // A new password from a new link: sessions signed in with the old one end.
+            store.delete_user_sessions(&user.id).await?;
+        }
         store.set_password_hash(&user.id, &hash).await?;
         let (stage, next) =
             if user.totp_secret.is_some() { ("mfa", "/login/mfa") } else { ("enroll", "/login/enroll") };

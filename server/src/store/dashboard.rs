@@ -428,6 +428,12 @@ impl Store {
         Ok(())
     }
 
+    /// Ends every session of an account (its password was replaced).
+    pub async fn delete_user_sessions(&self, user_id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM dashboard_sessions WHERE user_id = $1").bind(user_id).execute(&self.write).await?;
+        Ok(())
+    }
+
     /// Whether a session row exists (tests and sign-out checks).
     pub async fn session_exists(&self, id_hash: &str) -> Result<bool, StoreError> {
         let row = sqlx::query("SELECT id_hash FROM dashboard_sessions WHERE id_hash = $1")
