@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 pub use gateway_client;
 
+pub mod browser;
+pub mod dashboard;
 pub mod fake_evolution;
 pub mod receiver;
 pub mod wasm;

@@ -8,6 +8,7 @@
 
 pub mod apikey;
 pub mod config;
+pub mod dashboard;
 pub mod http;
 pub mod ingress;
 pub mod net;
@@ -149,7 +150,9 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     };
     let send_log = log.new(slog::o!("component" => "send"));
     let sender = send::Sender::new(store.clone(), parts.provider, engine, config.clone(), send_log);
-    let state = Arc::new(http::AppState::new(store.clone(), sender, config.clone()));
+    let mut state = http::AppState::new(store.clone(), sender, config.clone());
+    state.policies = policies.clone();
+    let state = Arc::new(state);
     let api = http::api_description().map_err(StartError::Api)?;
     let dropshot_config = ConfigDropshot {
         bind_address: config.listen,

@@ -376,3 +376,33 @@ fn wait_for_content(cli: &Cli, server: &mut std::process::Child, version: &str) 
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+#[test]
+fn user_and_operator_commands_print_a_one_time_sign_in_link() {
+    let cli = Cli::new();
+    let customer = cli.ok(&["customer", "create", "--name", "Acme", "--plan", "starter"]);
+    let id = customer["id"].as_str().unwrap();
+    let env = [("GATEWAY_PUBLIC_URL", "https://gw.example.com")];
+    let user = cli
+        .ok_with_env(&["user", "create", "--customer", id, "--email", "Owner@Acme.example", "--role", "owner"], &env);
+    assert_eq!(user["user"]["email"], "owner@acme.example");
+    assert_eq!(user["user"]["role"], "owner");
+    assert_eq!(
+        (user["user"]["password_set"].as_bool(), user["user"]["mfa_enrolled"].as_bool()),
+        (Some(false), Some(false))
+    );
+    let link = user["sign_in_link"].as_str().unwrap();
+    let code =
+        link.strip_prefix("https://gw.example.com/invite#").expect("a link to the invitation page, code after #");
+    assert!(code.len() >= 43, "256 bits: {code}");
+    let operator = cli.ok(&["operator", "create", "--email", "ops@gateway.example"]);
+    assert_eq!((operator["user"]["role"].as_str(), operator["user"]["customer_id"].as_str()), (Some("operator"), None));
+    assert!(operator["sign_in_link"].as_str().unwrap().starts_with("http://127.0.0.1:8080/invite#"));
+    // A new link replaces the old one.
+    let again = cli.ok(&["user", "link", "--email", "owner@acme.example", "--reset-mfa"]);
+    assert_ne!(again["sign_in_link"], user["sign_in_link"]);
+    // Refusals: taken email, unknown customer, bad email (clap refuses other roles).
+    assert!(!cli.run(&["user", "create", "--customer", id, "--email", "owner@acme.example", "--role", "viewer"]).0);
+    assert!(!cli.run(&["user", "create", "--customer", "cus_nope", "--email", "x@acme.example", "--role", "viewer"]).0);
+    assert!(!cli.run(&["operator", "create", "--email", "not-an-email"]).0);
+}

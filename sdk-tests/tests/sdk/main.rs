@@ -2,7 +2,9 @@
 //! HTTP where the client cannot express the bad input. One binary, so it links once.
 //! Runs on SQLite, and on PostgreSQL when `GATEWAY_TEST_DATABASE_URL` is set.
 
+mod browser;
 mod contract;
+mod dashboard;
 mod errors;
 mod evolution;
 mod ingress;

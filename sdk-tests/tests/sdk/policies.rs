@@ -312,3 +312,125 @@ async fn policy_list_reload_and_rollback_reach_every_running_gateway() {
     assert!(report["gateways"][0]["result"].as_str().unwrap().contains("no previous version"), "{report}");
     cx.teardown().await;
 }
+
+#[tokio::test]
+async fn the_operator_works_the_review_queue_and_the_customer_sees_each_modules_verdict() {
+    use gateway_sdk_tests::dashboard::signed_in;
+    use gateway_server::dashboard::roles::Role;
+    let cx = TestContext::new("pol_dash_reviews").await;
+    let otp = |n: u32| send("authentication", &format!("+1415555140{n}"), "Your code is 123456. Use coupon SAVE10");
+    for n in 0..3 {
+        expect_raw(cx.send_json(&otp(n)).await, 403, "policy_violation");
+    }
+    let operator = signed_in(cx.store(), &cx.config, &cx.base_url, None, "ops@gateway.example", Role::Operator).await;
+    let queue = operator.get("/operator/reviews").await;
+    assert_eq!(queue.status, 200);
+    assert_eq!(
+        queue.body.matches("Your code is 123456. Use coupon SAVE10").count(),
+        3,
+        "the reviewer reads each message"
+    );
+    assert!(queue.body.contains("content@1.0.0") && queue.body.contains("coupon"));
+    assert!(
+        queue.body.contains("paused")
+            && queue.body.contains(&format!("/operator/instances/{}/resume", cx.tenant.instance_id))
+    );
+    let items = cx.store().review_queue(Some("pending"), None, 10, None).await.unwrap();
+    // A decision needs the form's token.
+    let forged = operator.post(&format!("/operator/reviews/{}/decide", items[0].id), &[("verdict", "dismissed")]).await;
+    assert_eq!(forged.status, 403);
+    let decided = operator
+        .submit(
+            "/operator/reviews",
+            &format!("/operator/reviews/{}/decide", items[0].id),
+            &[("verdict", "dismissed"), ("note", "a real OTP")],
+        )
+        .await;
+    assert_eq!((decided.status, decided.location.as_deref()), (303, Some("/operator/reviews?done=dismissed")));
+    let item = cx.store().review_entry(items[0].id).await.unwrap();
+    assert_eq!(
+        (item.status.as_str(), item.decided_by.as_deref(), item.note.as_deref()),
+        ("dismissed", Some("ops@gateway.example"), Some("a real OTP"))
+    );
+    assert_eq!(operator.get("/operator/reviews").await.body.matches("Use coupon SAVE10").count(), 2, "pending only");
+    assert!(operator.get("/operator/reviews?status=dismissed").await.body.contains("a real OTP"));
+    // Resumed from the queue, the instance sends again.
+    operator.submit("/operator/reviews", &format!("/operator/instances/{}/resume", cx.tenant.instance_id), &[]).await;
+    assert_eq!(cx.send_json(&send("transactional", "+14155551410", "Your order has shipped.")).await.0, 200);
+    // The customer's message log shows every module's verdict, with version and rule.
+    expect_raw(
+        cx.send_json(&send("transactional", "+14155551411", "Flash sale! 70% off, shop now")).await,
+        403,
+        "policy_violation",
+    );
+    let owner =
+        signed_in(cx.store(), &cx.config, &cx.base_url, Some(&cx.tenant.customer_id), "owner@a.example", Role::Owner)
+            .await;
+    let log = owner.get("/messages?decision=refused").await;
+    assert!(log.body.contains("marketing_content") && log.body.contains("ul class=\"trace\""), "{}", log.body);
+    assert!(log.body.contains("pacing") && log.body.contains("1.0.0"));
+    cx.teardown().await;
+}
+
+#[tokio::test]
+async fn the_operator_uploads_reloads_and_rolls_back_policy_modules_in_the_console() {
+    use base64::Engine as _;
+    use gateway_sdk_tests::dashboard::signed_in;
+    use gateway_server::dashboard::roles::Role;
+    let dir = tempfile::tempdir().unwrap();
+    let policies_dir = dir.path().to_path_buf();
+    let cx = TestContext::with("pol_dash_modules", |c| c.policies_dir = Some(policies_dir.display().to_string()), None)
+        .await;
+    let operator = signed_in(cx.store(), &cx.config, &cx.base_url, None, "ops@gateway.example", Role::Operator).await;
+    let page = operator.get("/operator/policies").await;
+    assert_eq!(page.status, 200);
+    for module in ["purpose", "content", "pacing"] {
+        assert!(page.body.contains(module), "{module}");
+    }
+    let (_, content) = bundled::MODULES.iter().find(|(n, _)| *n == "content").unwrap();
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(content));
+    assert!(page.body.contains(&sha[..12]), "the hash of the running module");
+    // A module that fails its own fixtures is refused, and nothing is written.
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let deny = Behaviour::Deny { code: "held", reason: "every message is held", risk: 90 };
+    let broken = policy("content", "9.0.0", "content", &deny, &expecting("allow"));
+    let refused =
+        operator.submit("/operator/policies", "/operator/policies/upload", &[("module", &b64(&broken))]).await;
+    assert_eq!(refused.status, 400);
+    assert!(refused.body.contains("fails its fixtures (0 passed, 1 failed)"), "{}", refused.body);
+    assert!(!dir.path().join("content.wasm").exists());
+    // A good one is checked, written, and every gateway reloads.
+    let good = policy("content", "9.0.0", "content", &deny, &expecting("deny"));
+    let installed =
+        operator.submit("/operator/policies", "/operator/policies/upload", &[("module", &b64(&good))]).await;
+    assert_eq!(installed.status, 200, "{}", installed.body);
+    assert!(installed.body.contains("content@9.0.0") && installed.body.contains("passed its 1 fixtures"));
+    assert_eq!(std::fs::read(dir.path().join("content.wasm")).unwrap(), good);
+    let live = |version: &'static str| {
+        let policies = cx.server.policies().unwrap().clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !policies.status().modules.iter().any(|m| m.name == "content" && m.version == version) {
+                assert!(Instant::now() < deadline, "content {version} never went live");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    live("9.0.0").await;
+    expect_raw(
+        cx.send_json(&send("transactional", "+14155551501", "Your order has shipped.")).await,
+        403,
+        "policy_violation",
+    );
+    // Roll back from the console.
+    let rolled = operator.submit("/operator/policies", "/operator/policies/rollback", &[("name", "content")]).await;
+    assert_eq!(rolled.status, 303);
+    live("1.0.0").await;
+    assert_eq!(cx.send_json(&send("transactional", "+14155551502", "Your order has shipped.")).await.0, 200);
+    let page = operator.get("/operator/policies").await;
+    assert!(page.body.contains("rolled back") && page.body.contains("9.0.0"), "{}", page.body);
+    // Reload from the console: the command reaches the gateway.
+    let reloaded = operator.submit("/operator/policies", "/operator/policies/reload", &[]).await;
+    assert_eq!(reloaded.status, 303);
+    cx.teardown().await;
+}

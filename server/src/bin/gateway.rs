@@ -10,6 +10,7 @@
 //!     --fixtures policies/content/fixtures.json -o content.wasm
 //! gateway policy test content.wasm policies/content/fixtures.json
 //! gateway policy list                # what every running gateway uses
+//! gateway operator create --email ops@example.com   # prints a one-time sign-in link
 //! ```
 //!
 //! Every command but `serve` and `policy test` prints one JSON document on stdout
@@ -19,6 +20,8 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use gateway_server::config::Config;
+use gateway_server::dashboard::accounts;
+use gateway_server::dashboard::roles::Role;
 use gateway_server::store::{LimitOverrides, PbxSettingsUpdate, Store};
 use gateway_server::{ops, start_server};
 use serde_json::{Value, json};
@@ -98,6 +101,16 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
+    /// Dashboard users of a customer.
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// Operators: the service's own staff (operator console).
+    Operator {
+        #[command(subcommand)]
+        command: OperatorCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -154,6 +167,29 @@ enum PolicyCommand {
 }
 
 #[derive(Subcommand)]
+enum UserCommand {
+    /// Create a dashboard user of a customer; prints a one-time sign-in link (7 days)
+    /// where they choose a password and set up their authenticator.
+    Create {
+        #[arg(long)]
+        customer: String,
+        #[arg(long)]
+        email: String,
+        #[arg(long, value_parser = ["owner", "admin", "developer", "viewer"])]
+        role: String,
+    },
+    /// A new one-time sign-in link for an account (a forgotten password; with
+    /// --reset-mfa the authenticator and recovery codes are forgotten too, for a lost
+    /// phone). Ends the account's sessions when resetting the authenticator.
+    Link {
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        reset_mfa: bool,
+    },
+}
+
+#[derive(Subcommand)]
 enum ReviewCommand {
     /// Items of the review queue, newest first.
     List {
@@ -183,6 +219,15 @@ enum ReviewCommand {
         note: Option<String>,
         #[arg(long, default_value = "operator")]
         by: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum OperatorCommand {
+    /// Create an operator; prints a one-time sign-in link (7 days).
+    Create {
+        #[arg(long)]
+        email: String,
     },
 }
 
@@ -656,6 +701,11 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<(bo
             Command::Webhook { command } => webhook(store, config, command).await?,
             Command::Review { command } => review(store, command).await?,
             Command::Policy { .. } => unreachable!("handled above"),
+            Command::User { command } => user(store, config, command).await?,
+            Command::Operator { command: OperatorCommand::Create { email } } => {
+                let (user, link) = accounts::create(store, config, None, &email, Role::Operator, "cli").await?;
+                json!({"user": accounts::user_json(&user), "sign_in_link": link})
+            }
         },
     ))
 }
@@ -684,6 +734,26 @@ async fn review(store: &Store, command: ReviewCommand) -> Result<Value> {
         }
         ReviewCommand::Confirm { id, note, by } => {
             ops::review_json(&store.decide_review(id, "confirmed", &by, note.as_deref()).await?)
+        }
+    })
+}
+
+async fn user(store: &Store, config: &Config, command: UserCommand) -> Result<Value> {
+    Ok(match command {
+        UserCommand::Create { customer, email, role } => {
+            let role = Role::parse(&role).context("unknown role")?;
+            let (user, link) = accounts::create(store, config, Some(&customer), &email, role, "cli").await?;
+            json!({"user": accounts::user_json(&user), "sign_in_link": link})
+        }
+        UserCommand::Link { email, reset_mfa } => {
+            let email = accounts::normalize_email(&email)?;
+            let user = store.dashboard_user_by_email(&email).await?.with_context(|| format!("no account {email}"))?;
+            if reset_mfa {
+                store.reset_mfa(&user.id).await?;
+            }
+            let link = accounts::new_link(store, config, &user).await?;
+            let user = store.dashboard_user(&user.id).await?.context("the account vanished")?;
+            json!({"user": accounts::user_json(&user), "sign_in_link": link})
         }
     })
 }

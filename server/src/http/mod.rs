@@ -30,6 +30,11 @@ pub struct AppState {
     pub store: Store,
     pub sender: Sender,
     pub config: Arc<Config>,
+    /// The dashboard's own state (see `crate::dashboard`).
+    pub dashboard: crate::dashboard::DashState,
+    /// The policy host's control, when this gateway runs one (the operator console's
+    /// policy pages check uploaded modules with it).
+    pub policies: Option<crate::policy::reload::PolicyControl>,
     /// When each key's `last_used_at` was last written.
     key_touched: Mutex<HashMap<String, i64>>,
 }
@@ -37,7 +42,14 @@ pub struct AppState {
 impl AppState {
     /// State over a store and a pipeline.
     pub fn new(store: Store, sender: Sender, config: Arc<Config>) -> Self {
-        AppState { store, sender, config, key_touched: Mutex::new(HashMap::new()) }
+        AppState {
+            store,
+            sender,
+            config,
+            dashboard: Default::default(),
+            policies: None,
+            key_touched: Mutex::new(HashMap::new()),
+        }
     }
 
     /// Writes `last_used_at` at most once a minute per key, off the request path.
@@ -190,16 +202,6 @@ async fn openapi_get(_rqctx: RequestContext<Arc<AppState>>) -> Result<Response<B
         .map_err(|e| HttpError::for_internal_error(e.to_string()))
 }
 
-/// Reachability smoke test.
-#[endpoint { method = GET, path = "/", unpublished = true }]
-async fn root_get(_rqctx: RequestContext<Arc<AppState>>) -> Result<Response<Body>, HttpError> {
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(r#"{"service":"gateway","status":"ok","contract":"/openapi.json"}"#))
-        .map_err(|e| HttpError::for_internal_error(e.to_string()))
-}
-
 /// Path of the provider ingress.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct IngressPath {
@@ -299,8 +301,8 @@ async fn provider_ingress(
 pub fn api_description() -> Result<dropshot::ApiDescription<Arc<AppState>>, String> {
     let mut api = gateway_api::gateway_api_mod::api_description::<GatewayApiImpl>().map_err(|e| e.to_string())?;
     api.register(openapi_get).map_err(|e| e.to_string())?;
-    api.register(root_get).map_err(|e| e.to_string())?;
     api.register(provider_ingress).map_err(|e| e.to_string())?;
+    crate::dashboard::register(&mut api)?;
     Ok(api)
 }
 

@@ -181,7 +181,7 @@ pub enum Keyword {
 }
 
 /// Opt-out keywords: DESIGN.md's list, the carriers' usual extras, and Arabic.
-const OPT_OUT: [&str; 16] = [
+pub const OPT_OUT: [&str; 16] = [
     "STOP",
     "UNSUBSCRIBE",
     "CANCEL",
@@ -199,7 +199,7 @@ const OPT_OUT: [&str; 16] = [
     "إلغاء",
     "ايقاف",
 ];
-const OPT_IN: [&str; 5] = ["START", "UNSTOP", "ALTA", "VOLTAR", "ابدأ"];
+pub const OPT_IN: [&str; 5] = ["START", "UNSTOP", "ALTA", "VOLTAR", "ابدأ"];
 
 /// The keyword an inbound text is, if any.
 pub fn keyword(text: &str) -> Option<Keyword> {

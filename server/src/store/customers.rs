@@ -66,7 +66,7 @@ impl Customer {
         }
     }
 
-    fn from_row(r: &impl Cols) -> Result<Customer, StoreError> {
+    pub(super) fn from_row(r: &impl Cols) -> Result<Customer, StoreError> {
         Ok(Customer {
             id: r.col("id")?,
             name: r.col("name")?,
@@ -104,7 +104,7 @@ pub struct Instance {
 }
 
 impl Instance {
-    fn from_row(r: &impl Cols) -> Result<Instance, StoreError> {
+    pub(super) fn from_row(r: &impl Cols) -> Result<Instance, StoreError> {
         Instance::from_prefixed_row(r, "")
     }
 
@@ -213,9 +213,11 @@ fn plan_columns(plan: Option<&str>, approve: bool, now: i64) -> (&'static str, O
     }
 }
 
-const CUSTOMER_COLUMNS: &str = "id, name, plan, plan_status, plan_period_start, plan_period_end, module_api, \
-     module_pbx, daily_limit, monthly_limit, instance_per_minute, recipient_per_minute, approved_purposes, created_at";
-const INSTANCE_COLUMNS: &str = "id, customer_id, name, provider, connection_state, paused, paused_reason, created_at";
+pub(super) const CUSTOMER_COLUMNS: &str = "id, name, plan, plan_status, plan_period_start, plan_period_end, \
+     module_api, module_pbx, daily_limit, monthly_limit, instance_per_minute, recipient_per_minute, approved_purposes, \
+     created_at";
+pub(super) const INSTANCE_COLUMNS: &str =
+    "id, customer_id, name, provider, connection_state, paused, paused_reason, created_at";
 
 impl Store {
     /// Creates a customer with the `api` module on and `pbx` off. A Scale plan starts

@@ -29,7 +29,7 @@ impl FromCols for ApiKeyRecord {
     }
 }
 
-const KEY_COLUMNS: &str = "id, customer_id, name, prefix, created_at, revoked_at, last_used_at";
+pub(super) const KEY_COLUMNS: &str = "id, customer_id, name, prefix, created_at, revoked_at, last_used_at";
 
 impl Store {
     /// Stores a new key by its hash and visible prefix.

@@ -65,8 +65,8 @@ pub struct OutboxEvent {
     pub created_at: i64,
 }
 
-const LOG_COLUMNS: &str = "customer_id, instance_id, api_key_id, source, purpose, recipient, message_type, \
-     decision, error_code, policy, reason, provider_message_id, status, created_at, policy_trace";
+pub(super) const LOG_COLUMNS: &str = "customer_id, instance_id, api_key_id, source, purpose, recipient, \
+     message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, policy_trace";
 
 impl FromCols for LogEntry {
     fn from_cols(r: &impl Cols) -> Result<LogEntry, StoreError> {

@@ -15,6 +15,8 @@
 
 mod counters;
 mod customers;
+mod dashboard;
+mod dashboard_lists;
 mod ingress;
 mod keys;
 mod messages;
@@ -25,6 +27,8 @@ mod writer;
 
 pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, RecipientCounters, SendContext};
+pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};
+pub use dashboard_lists::{InboundRow, LogFilter, Suppression, Usage};
 pub use ingress::Applied;
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};

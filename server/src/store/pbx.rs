@@ -111,7 +111,7 @@ impl FromCols for PbxEvent {
     }
 }
 
-const EVENT_COLUMNS: &str = "id, integration_id, customer_id, event_type, action, status_code, error_code, phone, \
+pub(super) const EVENT_COLUMNS: &str = "id, integration_id, customer_id, event_type, action, status_code, error_code, phone, \
      message_id, external_message_id, response, created_at";
 
 pub(super) const INSERT_EVENT_SQL: &str = "INSERT INTO pbx_events (integration_id, customer_id, event_type, \

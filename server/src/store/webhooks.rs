@@ -152,7 +152,7 @@ impl FromCols for WebhookAttempt {
     }
 }
 
-const ATTEMPT_COLUMNS: &str = "id, outbox_id, customer_id, instance_id, event_type, url, trigger_kind, attempt, \
+pub(super) const ATTEMPT_COLUMNS: &str = "id, outbox_id, customer_id, instance_id, event_type, url, trigger_kind, attempt, \
      attempted_at, status_code, latency_ms, response_body, error, succeeded";
 
 /// The nullable integers are cast: a NULL parameter travels as text, which PostgreSQL
