@@ -449,3 +449,18 @@ fn a_restart_loads_compiled_code_from_the_cache_instead_of_compiling_again() {
     host_with(&settings).load(&other, "new version", true).unwrap();
     assert_eq!(cached_artifacts(dir.path()).len(), 2);
 }
+
+#[test]
+fn every_rule_of_the_bundled_policies_is_on_the_responsible_messaging_page() {
+    let guide = include_str!("../../docs/responsible-messaging.md");
+    let host = host();
+    let mut codes = std::collections::BTreeSet::new();
+    for (name, bytes) in bundled::MODULES {
+        let module = host.load(bytes, name, true).unwrap();
+        codes.extend(module.metadata.fixtures.iter().filter_map(|f| f.expect.code.clone()));
+    }
+    assert!(codes.len() >= 12, "{codes:?}");
+    for code in &codes {
+        assert!(guide.contains(&format!("`{code}`")), "docs/responsible-messaging.md does not explain {code}");
+    }
+}

@@ -267,6 +267,16 @@ async fn browser_viewer_cannot_change_anything() {
     sign_in(&b, &cx, &operator).await;
     b.wait_for_text("wait for plan approval").await;
     b.screenshot("09-operator-console").await;
+    // A message held for review, and the policy modules.
+    let held = serde_json::json!({"instance_id": "main", "phone": "+14155550190", "message_purpose": "authentication",
+                                  "message": "Your code is 123456. Use coupon SAVE10"});
+    assert_eq!(cx.send_json(&held).await.0, 403);
+    b.goto(&format!("{}/operator/reviews", cx.base_url)).await;
+    b.wait_for_text("Use coupon SAVE10").await;
+    b.screenshot("11-review-queue").await;
+    b.goto(&format!("{}/operator/policies", cx.base_url)).await;
+    b.wait_for_text("content").await;
+    b.screenshot("12-policy-modules").await;
     b.close().await;
     cx.teardown().await;
 }

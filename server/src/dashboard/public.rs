@@ -146,6 +146,10 @@ pub const CHECKS: &[(&str, &str, &str)] = &[
 async fn guide_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
         let config = &rqctx.context().config;
+        let running: Vec<String> = match &rqctx.context().policies {
+            Some(p) => p.host().current().modules.iter().map(|m| m.label()).collect(),
+            None => Vec::new(),
+        };
         let plans = [("Starter", &config.plans.starter, "5 USD per 30 days; active at once"), ("Scale", &config.plans.scale, "30 USD per 30 days; after an operator's approval")];
         let body = html! {
             (Notice::Ok("Every send, from the API, the dashboard or the PBX, passes these checks in this order, and every attempt is logged with its decision.".into()).render())
@@ -192,10 +196,36 @@ async fn guide_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
                 }
             }
             p.hint { "The message log shows, for each attempt, the decision, the check or policy that made it and why." }
+            h2 #policies { "What the policies check" }
+            p { "The purpose and content checks are policy modules. These are the rules and thresholds of the default modules; the operator may replace or add modules." }
+            @if !running.is_empty() {
+                p.hint { "Running now: " @for (i, m) in running.iter().enumerate() { @if i > 0 { ", " } code { (m) } } "." }
+            }
+            div.guide { (guide_sections()) }
         };
         public_page(&rqctx, "/docs/responsible-messaging", "Responsible messaging", body).await
     })
     .await
+}
+
+/// The policy sections of `docs/responsible-messaging.md` (purposes, content, pacing,
+/// reviews), the one place their rules and thresholds are written, as HTML. The file
+/// is the project's own, built in, so its HTML is trusted.
+fn guide_sections() -> maud::PreEscaped<String> {
+    const GUIDE: &str = include_str!("../../../docs/responsible-messaging.md");
+    const SECTIONS: [&str; 4] = ["## Purposes", "## Content", "## Pacing", "## Reviews and pauses"];
+    let mut markdown = String::new();
+    for part in GUIDE.split("\n## ").skip(1).map(|p| format!("## {p}")) {
+        if SECTIONS.iter().any(|h| part.starts_with(h)) {
+            // One level down: the page's own headings are h2.
+            markdown.push_str(&format!("#{}\n", part.trim_end()));
+            markdown.push('\n');
+        }
+    }
+    let mut html = String::new();
+    let options = pulldown_cmark::Options::ENABLE_TABLES;
+    pulldown_cmark::html::push_html(&mut html, pulldown_cmark::Parser::new_ext(&markdown, options));
+    maud::PreEscaped(html)
 }
 
 fn purpose_text(p: MessagePurpose) -> &'static str {

@@ -108,7 +108,10 @@ impl Action {
         (Action::ManagePbxSecrets, "create PBX integrations, rotate their secrets"),
         (Action::ManageKeys, "create and revoke API keys"),
         (Action::ManageUsers, "invite users, change roles, remove users"),
-        (Action::Operate, "operator console: approve plans, pause and resume, raise limits"),
+        (
+            Action::Operate,
+            "operator console: approve plans, pause and resume, raise limits, review queue, policy modules",
+        ),
     ];
 }
 
