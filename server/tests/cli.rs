@@ -322,6 +322,8 @@ fn policy_build_check_eval_and_test_work_without_a_database() {
 fn sighup_reloads_the_policies_of_a_running_gateway() {
     use gateway_sdk_tests::wasm::{Behaviour, expecting, policy};
     let cli = Cli::new();
+    // The database first: `policy list` below must not race the server's migrations.
+    cli.ok(&["migrate"]);
     let policies = tempfile::tempdir().unwrap();
     let cache = std::env::temp_dir().join("gateway-test-wasm-cache");
     let mut server = Command::new(env!("CARGO_BIN_EXE_gateway"))
