@@ -238,9 +238,20 @@ impl Store {
     }
 
     /// Applies the migrations of this backend (idempotent).
+    ///
+    /// On PostgreSQL sqlx serialises migrators with an advisory lock; on SQLite it does
+    /// not, so two processes opening one new file at once (a server and a CLI command)
+    /// would both apply the first migration. A lock file beside the database (an OS
+    /// lock, released when the process ends) makes them take turns.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self.backend {
-            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite").run(&self.write).await?,
+            Backend::Sqlite => {
+                let _lock = match self.sqlite_readers.as_ref().map(|r| r.path.clone()) {
+                    Some(path) => Some(migration_lock(path).await?),
+                    None => None,
+                };
+                sqlx::migrate!("./migrations/sqlite").run(&self.write).await?
+            }
             Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&self.write).await?,
         }
         Ok(())
@@ -282,6 +293,21 @@ impl Store {
     }
 }
 
+/// Takes the exclusive lock of `{database}-migrate.lock` (blocking, off the async
+/// threads); held until the returned file is dropped.
+async fn migration_lock(database: PathBuf) -> Result<std::fs::File, StoreError> {
+    let mut name = database.into_os_string();
+    name.push("-migrate.lock");
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&name)?;
+        file.lock()?;
+        Ok::<_, std::io::Error>(file)
+    })
+    .await
+    .map_err(|e| StoreError::Conflict(format!("taking the migration lock: {e}")))?
+    .map_err(|e| StoreError::Conflict(format!("taking the migration lock: {e}")))
+}
+
 /// Reads a 0/1 flag.
 fn flag(n: i64) -> bool {
     n != 0
@@ -290,6 +316,16 @@ fn flag(n: i64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn two_processes_opening_a_new_sqlite_file_at_once_take_turns_migrating() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("race.db").display());
+        let opens: Vec<_> = (0..4).map(|_| Store::open(&url, 2, None)).collect();
+        for result in futures::future::join_all(opens).await {
+            result.expect("every opener migrates or finds it done");
+        }
+    }
 
     #[test]
     fn dollar_parameters_bind_by_number_not_by_position_in_the_text() {
