@@ -105,6 +105,13 @@ pub fn core_wat(behaviour: &Behaviour, version: &str, imports: &str) -> String {
 /// A component from a core module (text) and the WIT (text, plus `deps` packages) of
 /// world `policy`.
 pub fn component(core_wat: &str, wit: &str, deps: &[&str]) -> Vec<u8> {
+    let module = core_module(core_wat, wit, deps);
+    ComponentEncoder::default().module(&module).expect("module").validate(true).encode().expect("component")
+}
+
+/// The core module (text) with the WIT of world `policy` embedded, as wit-bindgen
+/// leaves it for componentizing.
+fn core_module(core_wat: &str, wit: &str, deps: &[&str]) -> Vec<u8> {
     let mut module = wat::parse_str(core_wat).expect("test module assembles");
     let mut resolve = wit_parser::Resolve::default();
     for (i, dep) in deps.iter().enumerate() {
@@ -114,7 +121,7 @@ pub fn component(core_wat: &str, wit: &str, deps: &[&str]) -> Vec<u8> {
     let world = resolve.select_world(&[package], Some("policy")).expect("world policy");
     wit_component::embed_component_metadata(&mut module, &resolve, world, StringEncoding::UTF8)
         .expect("embedding the interface");
-    ComponentEncoder::default().module(&module).expect("module").validate(true).encode().expect("component")
+    module
 }
 
 /// A built policy of interface 0.1.0: the component with its metadata and fixtures
@@ -151,11 +158,14 @@ pub fn expecting(decision: &str) -> String {
 /// A core module as cargo builds one with the SDK: the interface embedded for
 /// componentizing, and the SDK's `gateway-policy` section naming it (no fixtures).
 pub fn sdk_core_module(name: &str, version: &str, stages: &str, behaviour: &Behaviour) -> Vec<u8> {
-    let mut module = wat::parse_str(core_wat(behaviour, "0.1.0", "")).expect("test module assembles");
-    let mut resolve = wit_parser::Resolve::default();
-    let package = resolve.push_str("policy.wit", WIT_V0_1_0).expect("WIT parses");
-    let world = resolve.select_world(&[package], Some("policy")).expect("world policy");
-    wit_component::embed_component_metadata(&mut module, &resolve, world, StringEncoding::UTF8)
-        .expect("embedding the interface");
+    let module = core_module(&core_wat(behaviour, "0.1.0", ""), WIT_V0_1_0, &[]);
     with_fixtures(&module, name, version, stages, "0.1.0", "[]")
+}
+
+/// Puts a module into a policies directory the way operators should: a temporary name
+/// (ignored by the watcher, as it starts with a dot), then a rename.
+pub fn drop_in(dir: &std::path::Path, file: &str, bytes: &[u8]) {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    std::fs::write(&tmp, bytes).expect("writing the module");
+    std::fs::rename(&tmp, dir.join(file)).expect("renaming the module into place");
 }

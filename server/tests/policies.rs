@@ -7,7 +7,7 @@
 //! (`gateway_sdk_tests::wasm`), so no wasm toolchain is needed.
 
 use gateway_policy_model::{Context, Stage, Verdict};
-use gateway_sdk_tests::wasm::{self, Behaviour, WIT_V0_1_0, expecting};
+use gateway_sdk_tests::wasm::{self, Behaviour, WIT_V0_1_0, drop_in, expecting};
 use gateway_server::config::PolicySettings;
 use gateway_server::policy::host::PolicyHost;
 use gateway_server::policy::module::{LoadError, LoadedModule};
@@ -314,13 +314,6 @@ async fn start(settings: &PolicySettings, dir: &std::path::Path) -> (PolicyContr
 
 fn live(host: &PolicyHost, name: &str) -> Option<String> {
     host.current().modules.iter().find(|m| m.metadata.name == name).map(|m| m.metadata.version.clone())
-}
-
-/// Writes a module the way operators should: a temporary name, then a rename.
-fn drop_in(dir: &std::path::Path, file: &str, bytes: &[u8]) {
-    let tmp = dir.join(format!(".{file}.tmp"));
-    std::fs::write(&tmp, bytes).unwrap();
-    std::fs::rename(&tmp, dir.join(file)).unwrap();
 }
 
 fn deny_content(version: &str) -> Vec<u8> {

@@ -4,7 +4,7 @@
 
 use crate::expect_raw;
 use gateway_sdk_tests::TestContext;
-use gateway_sdk_tests::wasm::{Behaviour, expecting, policy};
+use gateway_sdk_tests::wasm::{Behaviour, drop_in, expecting, policy};
 use gateway_server::ops;
 use gateway_server::policy::bundled;
 use gateway_server::policy::module::{read_metadata, with_metadata};
@@ -182,12 +182,6 @@ fn content_version(version: &str) -> Vec<u8> {
     let mut metadata = read_metadata(bytes).unwrap().unwrap();
     metadata.version = version.to_string();
     with_metadata(bytes, &metadata).unwrap()
-}
-
-fn drop_in(dir: &std::path::Path, file: &str, bytes: &[u8]) {
-    let tmp = dir.join(format!(".{file}.tmp"));
-    std::fs::write(&tmp, bytes).unwrap();
-    std::fs::rename(&tmp, dir.join(file)).unwrap();
 }
 
 #[tokio::test]

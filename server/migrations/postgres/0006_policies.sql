@@ -57,10 +57,11 @@ CREATE TABLE policy_commands (
 -- semantics as the SQLite writer (server/src/store/writer.rs):
 --   log.policy_trace    stored with the row;
 --   log.went_out        the message went (or may have gone) out: upsert its contact;
---   review {text, policy, reason, risk_score, pause_threshold, window_start,
+--   review {text, policy, reason, risk_score, pause_threshold, window_ms,
 --           pause_reason} | null
 --                       queue it for review; if the instance now has pause_threshold
---                       reviews since window_start, pause it; answers "paused".
+--                       reviews within window_ms of the attempt, pause it; answers
+--                       "paused".
 CREATE OR REPLACE FUNCTION gateway_write_batch(ops jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     op jsonb;
@@ -145,7 +146,7 @@ BEGIN
                     (op->'review'->>'risk_score')::bigint, (op->'log'->>'created_at')::bigint);
                 SELECT COUNT(*) INTO recent FROM review_queue
                 WHERE instance_id = op->'log'->>'instance_id'
-                  AND created_at >= (op->'review'->>'window_start')::bigint;
+                  AND created_at >= (op->'log'->>'created_at')::bigint - (op->'review'->>'window_ms')::bigint;
                 IF recent >= (op->'review'->>'pause_threshold')::bigint THEN
                     UPDATE instances SET paused = 1, paused_reason = op->'review'->>'pause_reason'
                     WHERE id = op->'log'->>'instance_id' AND paused = 0;

@@ -26,14 +26,14 @@ struct IdPath {
 }
 
 /// The signed-in operator (customers' users get 403).
-async fn operator_viewer(rqctx: &Ctx) -> Result<Viewer, DashError> {
+pub(super) async fn operator_viewer(rqctx: &Ctx) -> Result<Viewer, DashError> {
     let viewer = session::viewer(rqctx).await?;
     viewer.require(Action::Operate)?;
     Ok(viewer)
 }
 
 /// An operator behind a POST (fetch metadata, token, role).
-async fn operator_post(rqctx: &Ctx, form: &Form) -> Result<Viewer, DashError> {
+pub(super) async fn operator_post(rqctx: &Ctx, form: &Form) -> Result<Viewer, DashError> {
     session::post_viewer(rqctx, form, Action::Operate).await
 }
 

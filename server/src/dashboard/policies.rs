@@ -8,8 +8,8 @@
 //! gateway would check it (compile, sandbox checks, all of its fixtures) before it is
 //! written to the policies directory, and the gateways then load it from there.
 
-use super::roles::Action;
-use super::session::{self, Viewer};
+use super::operator::{operator_post, operator_viewer};
+use super::session::Viewer;
 use super::views::{self, Notice};
 use super::{Ctx, DashError, Form, PAGE_SIZE, before_id, html, page, query, redirect, when};
 use crate::policy::reload::HostStatus;
@@ -28,12 +28,6 @@ const UPLOAD_MAX_BYTES: usize = 2 * 1024 * 1024;
 #[derive(Deserialize, schemars::JsonSchema)]
 struct ReviewPath {
     id: i64,
-}
-
-async fn operator_viewer(rqctx: &Ctx) -> Result<Viewer, DashError> {
-    let viewer = session::viewer(rqctx).await?;
-    viewer.require(Action::Operate)?;
-    Ok(viewer)
 }
 
 /// The review queue.
@@ -146,7 +140,7 @@ async fn review_decide_post(
 ) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
         let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::Operate).await?;
+        let viewer = operator_post(&rqctx, &form).await?;
         let verdict = match form.get("verdict") {
             v @ ("dismissed" | "confirmed") => v,
             _ => return Err(DashError::BadRequest("Choose dismiss or confirm.".into())),
@@ -249,7 +243,7 @@ async fn policies_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) ->
 async fn policies_reload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
         let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::Operate).await?;
+        let viewer = operator_post(&rqctx, &form).await?;
         let id = rqctx.context().store.add_policy_command("reload", None).await?;
         info!(rqctx.log, "policy reload requested"; "by" => &viewer.user.id, "command_id" => id);
         Ok(redirect("/operator/policies?done=reload"))
@@ -262,7 +256,7 @@ async fn policies_reload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<
 async fn policies_rollback_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
         let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::Operate).await?;
+        let viewer = operator_post(&rqctx, &form).await?;
         let name = form.get("name");
         if name.is_empty() || name.len() > 64 {
             return Err(DashError::BadRequest("Which module?".into()));
@@ -285,7 +279,7 @@ async fn policies_rollback_post(rqctx: Ctx, body: UntypedBody) -> Result<Respons
 async fn policies_upload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
         let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::Operate).await?;
+        let viewer = operator_post(&rqctx, &form).await?;
         let state = rqctx.context();
         let dir = state.config.policies_dir.clone().filter(|d| !d.is_empty()).ok_or_else(|| {
             DashError::BadRequest("Uploading needs a policies directory (GATEWAY_POLICIES_DIR).".into())

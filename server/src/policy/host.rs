@@ -96,6 +96,11 @@ impl PolicyHost {
         self.limits
     }
 
+    /// The largest module it loads, in bytes.
+    pub fn max_module_bytes(&self) -> usize {
+        self.max_module_bytes
+    }
+
     /// Compiles and checks a module (blocking: call off the request path). Modules to
     /// serve must carry fixtures and pass them.
     pub fn load(&self, bytes: &[u8], source: &str, require_fixtures: bool) -> Result<LoadedModule, LoadError> {

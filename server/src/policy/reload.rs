@@ -326,7 +326,8 @@ impl Reloader {
         let mut loaded = Vec::new();
         let mut refused = Vec::new();
         for path in snapshot.keys() {
-            let bytes = match read_limited(path, self.host_max_bytes()) {
+            // One byte over the limit is enough for the loader to refuse it as too big.
+            let bytes = match read_limited(path, self.host.max_module_bytes()) {
                 Ok(bytes) => bytes,
                 Err(e) => {
                     warn!(self.log, "policy file unreadable"; "file" => %path.display(), "error" => &e);
@@ -370,11 +371,6 @@ impl Reloader {
             return Err(summary);
         }
         Ok(summary)
-    }
-
-    fn host_max_bytes(&self) -> usize {
-        // The host refuses bigger modules itself; reading one more byte shows it.
-        16 << 20
     }
 
     /// Drops the pin of every name whose directory file changed since the rollback

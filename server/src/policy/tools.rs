@@ -60,19 +60,13 @@ pub fn build(host: &PolicyHost, input: &Path, output: &Path, options: &BuildOpti
     let (component, found) = module::componentize(&bytes)?;
     let mut metadata = match found {
         Some(m) => m,
-        None => Metadata {
-            name: options.name.clone().ok_or_else(|| {
-                ToolError::Invalid(
-                    "the module has no gateway-policy metadata (export it with gateway_policy::export_policy!) \
-                     and no --name was given"
-                        .into(),
-                )
-            })?,
-            version: options.version.clone().unwrap_or_else(|| "0.0.0".into()),
-            stages: options.stages.clone().unwrap_or_else(|| "purpose,content".into()),
-            interface: super::wit::SUPPORTED[super::wit::SUPPORTED.len() - 1].to_string(),
-            fixtures: Vec::new(),
-        },
+        None => Metadata::unstamped(options.name.clone().ok_or_else(|| {
+            ToolError::Invalid(
+                "the module has no gateway-policy metadata (export it with gateway_policy::export_policy!) and no \
+                 --name was given"
+                    .into(),
+            )
+        })?),
     };
     if let Some(name) = &options.name {
         metadata.name = name.clone();
@@ -117,15 +111,12 @@ fn describe(m: &LoadedModule) -> Value {
 fn load_for_trying(host: &PolicyHost, path: &Path) -> Result<LoadedModule, ToolError> {
     let bytes = read(path)?;
     let (component, found) = module::componentize(&bytes)?;
-    let metadata = found.unwrap_or_else(|| Metadata {
-        name: path
-            .file_stem()
-            .map(|s| s.to_string_lossy().to_ascii_lowercase().replace(|c: char| !c.is_ascii_alphanumeric(), "-"))
-            .unwrap_or_else(|| "module".into()),
-        version: "0.0.0".into(),
-        stages: "purpose,content".into(),
-        interface: super::wit::SUPPORTED[super::wit::SUPPORTED.len() - 1].to_string(),
-        fixtures: Vec::new(),
+    let metadata = found.unwrap_or_else(|| {
+        Metadata::unstamped(
+            path.file_stem()
+                .map(|s| s.to_string_lossy().to_ascii_lowercase().replace(|c: char| !c.is_ascii_alphanumeric(), "-"))
+                .unwrap_or_else(|| "module".into()),
+        )
     });
     let artifact = module::with_metadata(&component, &metadata)?;
     Ok(host.load(&artifact, &path.display().to_string(), false)?)

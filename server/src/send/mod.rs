@@ -260,11 +260,7 @@ impl Sender {
                 entry.policy = Some(error.check());
                 entry.reason = Some(truncate(&error.to_string(), 500));
                 if !matches!(error, SendError::Store(_)) {
-                    let review = attempt.review.as_mut().map(|r| {
-                        r.window_start = now - self.config.policies.review_window_hours.max(1) * 3_600_000;
-                        &*r
-                    });
-                    let recorded = self.store.record_reviewed(&entry, None, review).await?;
+                    let recorded = self.store.record_reviewed(&entry, None, attempt.review.as_ref()).await?;
                     if recorded.paused
                         && let Some(instance) = &attempt.instance
                     {
@@ -332,10 +328,9 @@ impl Sender {
         let checked = self.check_schema(&a.input.body).await?;
         let checked = a.checked.insert(checked);
         let now = now_ms();
-        let context =
+        let SendContext { customer, instance, suppressed, counters } =
             self.store.send_context(&a.input.customer_id, &checked.instance_ref, &checked.phone.e164, now).await?;
-        let instance = a.instance.insert(context.instance.clone().ok_or(SendError::InvalidInstance)?);
-        let customer = context.customer.clone();
+        let instance = a.instance.insert(instance.ok_or(SendError::InvalidInstance)?);
         let plan_status = customer.plan_status(now);
         if plan_status != PlanStatus::Active {
             return Err(SendError::ActivePlanRequired { plan_status });
@@ -350,7 +345,8 @@ impl Sender {
         if instance.paused {
             return Err(SendError::Paused { reason: instance.paused_reason.clone() });
         }
-        let mut ctx = policy_context(a.input.source, checked, instance, &customer, &context, now);
+        let new_recipient = counters.to_recipient_total == 0 && counters.replies_from_recipient == 0;
+        let mut ctx = policy_context(a.input.source, checked, instance, &customer, counters, now);
         let purpose = self.policy.evaluate(&ctx).await;
         a.trace.extend(purpose.trace);
         match purpose.decision {
@@ -370,7 +366,7 @@ impl Sender {
                 risk_score: 90,
             });
         }
-        if context.suppressed {
+        if suppressed {
             return Err(SendError::Suppressed);
         }
         ctx.stage = Stage::Content;
@@ -379,8 +375,6 @@ impl Sender {
         if content.decision != Decision::Allow {
             return Err(self.refusal(a, content.decision));
         }
-        let counters = &context.counters;
-        let new_recipient = counters.to_recipient_total == 0 && counters.replies_from_recipient == 0;
         let reservations = self.reservations(&customer, instance, &checked.phone.e164, new_recipient, now);
         if let Err(hit) = self.store.reserve(&reservations).await? {
             return Err(limit_error(&reservations, hit, now));
@@ -422,7 +416,7 @@ impl Sender {
                     reason: reason.clone(),
                     risk_score,
                     pause_threshold: threshold,
-                    window_start: 0,
+                    window_ms: self.config.policies.review_window_hours.max(1) * HOUR_MS,
                     pause_reason: format!(
                         "{threshold} messages sent to review within {} hours",
                         self.config.policies.review_window_hours
@@ -592,14 +586,13 @@ fn policy_context(
     checked: &Checked,
     instance: &Instance,
     customer: &Customer,
-    context: &SendContext,
+    counters: model::Counters,
     now: i64,
 ) -> model::Context {
     let (text, caption) = match &checked.media {
         Some(_) => (None, checked.text.clone()),
         None => (checked.text.clone(), None),
     };
-    let c = &context.counters;
     model::Context {
         stage: Stage::Purpose,
         purpose: checked.purpose.clone(),
@@ -631,13 +624,7 @@ fn policy_context(
             },
         },
         source: model::Source::parse(source).unwrap_or_default(),
-        counters: model::Counters {
-            to_recipient_24h: c.to_recipient_24h,
-            to_recipient_total: c.to_recipient_total,
-            replies_from_recipient: c.replies_from_recipient,
-            new_recipients_today: c.new_recipients_today,
-            sent_today: c.sent_today,
-        },
+        counters,
     }
 }
 

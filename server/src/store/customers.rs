@@ -1,6 +1,7 @@
 //! Customers (plan, modules, limit overrides) and their instances.
 
 use super::{Cols, FromCols, Store, StoreError, flag, new_id, now_ms};
+use gateway_policy_model::Counters;
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 use std::sync::LazyLock;
@@ -136,11 +137,11 @@ static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
          (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = c.id AND s.phone = $3) AS suppressed, \
          (SELECT CAST(SUM(u.count) AS BIGINT) FROM usage_counters u WHERE u.scope = $7 || i.id || ':' || $3 \
             AND u.window_start >= $5) AS to_recipient_24h, \
-         (SELECT k.sent_total FROM contacts k WHERE k.instance_id = i.id AND k.phone = $3) AS to_recipient_total, \
-         (SELECT k.replies_total FROM contacts k WHERE k.instance_id = i.id AND k.phone = $3) AS replies, \
+         k.sent_total AS to_recipient_total, k.replies_total AS replies, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $8 || i.id AND u.window_start = $4) AS new_today, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || i.id AND u.window_start = $4) AS sent_today \
          FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND (i.id = $2 OR i.name = $2) \
+         LEFT JOIN contacts k ON k.instance_id = i.id AND k.phone = $3 \
          WHERE c.id = $1 ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END LIMIT 1",
         customer_cols.join(", "),
         instance_cols.join(", ")
@@ -172,7 +173,7 @@ impl FromCols for SendContext {
             customer: Customer::from_row(row)?,
             instance: instance_id.map(|_| Instance::from_prefixed_row(row, "i_")).transpose()?,
             suppressed: row.col::<i64>("suppressed")? > 0,
-            counters: RecipientCounters {
+            counters: Counters {
                 to_recipient_24h: count("to_recipient_24h")?,
                 to_recipient_total: count("to_recipient_total")?,
                 replies_from_recipient: count("replies")?,
@@ -183,16 +184,6 @@ impl FromCols for SendContext {
     }
 }
 
-/// What the instance did recently (the pacing policy's inputs).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RecipientCounters {
-    pub to_recipient_24h: u32,
-    pub to_recipient_total: u32,
-    pub replies_from_recipient: u32,
-    pub new_recipients_today: u32,
-    pub sent_today: u32,
-}
-
 /// What the send pipeline reads after the schema check, in one query.
 #[derive(Clone, Debug)]
 pub struct SendContext {
@@ -201,7 +192,8 @@ pub struct SendContext {
     pub instance: Option<Instance>,
     /// Whether the customer suppressed the recipient.
     pub suppressed: bool,
-    pub counters: RecipientCounters,
+    /// What the instance did recently, as the policies see it.
+    pub counters: Counters,
 }
 
 /// The stored status and period of a newly assigned plan.

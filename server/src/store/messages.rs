@@ -38,10 +38,10 @@ pub struct ReviewItem {
     pub policy: String,
     pub reason: String,
     pub risk_score: u8,
-    /// This many reviews of the instance since `window_start` (this one included)
-    /// pause it.
+    /// This many reviews of the instance within `window_ms` of the attempt (this one
+    /// included) pause it.
     pub pause_threshold: i64,
-    pub window_start: i64,
+    pub window_ms: i64,
     /// Why the instance is paused, if this review pauses it.
     pub pause_reason: String,
 }

@@ -26,7 +26,7 @@ mod webhooks;
 mod writer;
 
 pub use counters::{LimitHit, Reservation};
-pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, RecipientCounters, SendContext};
+pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, SendContext};
 pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};
 pub use dashboard_lists::{InboundRow, LogFilter, Suppression, Usage};
 pub use ingress::Applied;

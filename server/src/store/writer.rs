@@ -287,7 +287,7 @@ fn sqlite_record(
         insert.raw_execute()?;
         let recent: i64 = tx
             .prepare_cached(COUNT_REVIEWS_SQL)?
-            .query_row(rusqlite::params![instance, review.window_start], |r| r.get(0))?;
+            .query_row(rusqlite::params![instance, entry.created_at - review.window_ms], |r| r.get(0))?;
         if recent >= review.pause_threshold {
             let mut pause = tx.prepare_cached(PAUSE_SQL)?;
             bind_dollar(&mut pause, &[SqlValue::Text(instance.clone()), SqlValue::Text(review.pause_reason.clone())])?;
@@ -543,7 +543,7 @@ fn op_json(op: &WriteOp) -> serde_json::Value {
             let review = review.as_ref().map(|r| {
                 serde_json::json!({
                     "text": r.text, "policy": r.policy, "reason": r.reason, "risk_score": r.risk_score,
-                    "pause_threshold": r.pause_threshold, "window_start": r.window_start,
+                    "pause_threshold": r.pause_threshold, "window_ms": r.window_ms,
                     "pause_reason": r.pause_reason,
                 })
             });
