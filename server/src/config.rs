@@ -18,6 +18,10 @@ pub struct Config {
     pub database_url: String,
     /// Largest number of pooled database connections (PostgreSQL; SQLite readers).
     pub database_max_connections: u32,
+    /// SQLite's `synchronous` setting: `full` (default: an acknowledged send survives
+    /// an OS crash or power loss) or `normal` (faster; the last commits before a power
+    /// loss may be lost, never corrupted). Ignored on PostgreSQL.
+    pub sqlite_synchronous: String,
     /// Address the HTTP server binds.
     pub listen: SocketAddr,
     /// The gateway's own base URL as providers reach it; `http://{listen}` when unset.
@@ -225,6 +229,7 @@ impl Default for Config {
         Config {
             database_url: "sqlite://gateway.db?mode=rwc".to_string(),
             database_max_connections: 8,
+            sqlite_synchronous: "full".to_string(),
             listen: "127.0.0.1:8080".parse().unwrap(),
             public_url: None,
             provider: "simulator".to_string(),
@@ -349,6 +354,12 @@ impl Config {
                 self.provider
             )));
         }
+        if !matches!(self.sqlite_synchronous.as_str(), "full" | "normal") {
+            return Err(ConfigError::Invalid(format!(
+                "sqlite_synchronous must be full or normal, not {:?}",
+                self.sqlite_synchronous
+            )));
+        }
         if !matches!(self.log_format.as_str(), "json" | "pretty") {
             return Err(ConfigError::Invalid(format!("log_format must be json or pretty, not {:?}", self.log_format)));
         }
@@ -463,6 +474,7 @@ mod tests {
         for key in [
             "database_url",
             "database_max_connections",
+            "sqlite_synchronous",
             "listen",
             "public_url",
             "provider",

@@ -134,7 +134,9 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         );
     }
     let store_log = log.new(slog::o!("component" => "store"));
-    let store = Store::open(&config.database_url, config.database_max_connections, Some(store_log)).await?;
+    let durability = store::Durability::parse(&config.sqlite_synchronous).unwrap_or_default();
+    let store =
+        Store::open_with(&config.database_url, config.database_max_connections, Some(store_log), durability).await?;
     let mut workers = Vec::new();
     let (engine, policies): (Arc<dyn policy::PolicyEngine>, _) = match parts.policy {
         Some(engine) => (engine, None),
@@ -171,6 +173,7 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     };
     workers.push(spawn_pruner(store.clone(), retention, log.new(slog::o!("component" => "store"))));
     workers.push(spawn_provider_watch(store.clone(), &config, log.new(slog::o!("component" => "ingress"))));
+    workers.push(spawn_orphan_sweep(store.clone(), log.new(slog::o!("component" => "send"))));
     let dispatcher = config.webhooks.dispatch.then(|| {
         let log = log.new(slog::o!("component" => "webhooks"));
         webhooks::Dispatcher::new(store.clone(), config.webhooks.clone(), config.allow_loopback_targets, log).spawn()
@@ -207,6 +210,29 @@ fn spawn_provider_watch(store: Store, config: &Config, log: Logger) -> JoinHandl
     })
 }
 
+/// Attempts left pending by a process that stopped while the provider call was in
+/// flight become `unknown` (they may have been sent), and their idempotency keys get
+/// that answer: at start and every few seconds, by whichever replica gets there first
+/// (the update is conditional, so replicas never settle one row twice).
+fn spawn_orphan_sweep(store: Store, log: Logger) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let answer = http::error::orphan_answer();
+        let mut tick = tokio::time::interval(ORPHAN_SWEEP_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match store.sweep_orphans(store::now_ms(), &answer).await {
+                Ok(n) if n > 0 => warn!(log, "attempts orphaned by a stopped process are now unknown"; "count" => n),
+                Ok(_) => {}
+                Err(e) => warn!(log, "settling orphaned attempts failed"; "error" => %e),
+            }
+        }
+    })
+}
+
+/// How often pending attempts past their deadline are looked for.
+const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_secs(2);
+
 /// How long records are kept.
 #[derive(Clone, Copy)]
 struct Retention {
@@ -236,6 +262,11 @@ fn spawn_pruner(store: Store, retention: Retention, log: Logger) -> JoinHandle<(
                 Ok(n) if n > 0 => info!(log, "pruned webhook attempts and finished events"; "rows" => n),
                 Ok(_) => {}
                 Err(e) => warn!(log, "pruning webhook rows failed"; "error" => %e),
+            }
+            match store.prune_idempotency(store::now_ms()).await {
+                Ok(n) if n > 0 => info!(log, "pruned expired idempotency keys"; "rows" => n),
+                Ok(_) => {}
+                Err(e) => warn!(log, "pruning idempotency keys failed"; "error" => %e),
             }
             if let Err(e) = store.prune_policy_records(store::now_ms() - 24 * 3_600_000).await {
                 warn!(log, "pruning policy commands and gateway rows failed"; "error" => %e);

@@ -385,7 +385,8 @@ async fn provider_timeout_is_502_after_the_provider_timeout() {
     let cx = TestContext::new("provider_timeout").await;
     let started = std::time::Instant::now();
     let e = expect_error(cx.client.message_send(&text("main", "+15005550002", "x")).await, 502, "gateway_send_failed");
-    assert_eq!(e.details["reason"], "provider_timeout");
+    assert_eq!(e.details["reason"], "provider_outcome_unknown");
+    assert_eq!(e.details["cause"], "provider_timeout");
     assert!(started.elapsed() >= std::time::Duration::from_millis(300), "waited for the configured timeout");
     // The message may have gone out: recorded as unknown, quota kept, no message.failed.
     let log = cx.store().recent_log(&cx.tenant.customer_id, 1).await.unwrap();

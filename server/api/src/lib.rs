@@ -13,11 +13,13 @@ mod body;
 mod contract;
 mod error;
 pub mod events;
+mod reply;
 mod types;
 
 pub use body::{JsonBody, PbxBody, is_json_content_type, parse_json};
 pub use contract::{CONTRACT_TITLE, CONTRACT_VERSION, openapi_document};
 pub use error::{ApiError, ErrorBody};
+pub use reply::SendReply;
 pub use types::*;
 
 use dropshot::{HttpResponseOk, Path, RequestContext};
@@ -52,7 +54,7 @@ pub trait GatewayApi {
     async fn message_send(
         rqctx: RequestContext<Self::Context>,
         body: JsonBody<SendMessageRequest>,
-    ) -> Result<HttpResponseOk<SendMessageResponse>, ApiError>;
+    ) -> Result<SendReply, ApiError>;
 
     /// Receive a PBX event
     ///

@@ -382,6 +382,7 @@ async fn test_send_post(rqctx: Ctx, path: Path<InstancePath>, body: UntypedBody)
                 message: form.opt("message").map(str::to_string),
                 ..SendMessageRequest::default()
             },
+            idempotency: None,
         };
         let (status, notice) = match state.sender.send(&input).await {
             Ok(sent) => {

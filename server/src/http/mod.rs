@@ -9,13 +9,11 @@ pub mod error;
 
 use crate::config::Config;
 use crate::pbx::{Webhook, WebhookRequest};
-use crate::send::{SendInput, Sender};
-use crate::store::{Store, now_ms};
+use crate::send::{SendError, SendInput, Sender, idempotency};
+use crate::store::{Answer, Store, now_ms};
 use dropshot::{Body, HttpError, HttpResponseOk, Path, RequestContext, endpoint};
 use futures::FutureExt;
-use gateway_api::{
-    ApiError, GatewayApi, JsonBody, PbxBody, PbxPath, PbxWebhookResponse, SendMessageRequest, SendMessageResponse,
-};
+use gateway_api::{ApiError, GatewayApi, JsonBody, PbxBody, PbxPath, PbxWebhookResponse, SendMessageRequest, SendReply};
 use http::{HeaderMap, Response, StatusCode, header};
 use slog::{Logger, error, info};
 use std::collections::HashMap;
@@ -80,11 +78,11 @@ impl GatewayApi for GatewayApiImpl {
     async fn message_send(
         rqctx: RequestContext<Self::Context>,
         body: JsonBody<SendMessageRequest>,
-    ) -> Result<HttpResponseOk<SendMessageResponse>, ApiError> {
+    ) -> Result<SendReply, ApiError> {
         let state = rqctx.context().clone();
         let headers = rqctx.request.headers().clone();
         let log = rqctx.log.new(slog::o!("component" => "send"));
-        catch_panics(&log, send_message(state, headers, body, log.clone())).await.map(HttpResponseOk)
+        catch_panics(&log, send_message(state, headers, body, log.clone())).await
     }
 
     async fn pbx_webhook(
@@ -125,7 +123,7 @@ async fn send_message(
     headers: HeaderMap,
     body: JsonBody<SendMessageRequest>,
     log: Logger,
-) -> Result<SendMessageResponse, ApiError> {
+) -> Result<SendReply, ApiError> {
     let key = match auth::authenticate(&state.store, &headers).await {
         Ok(key) => key,
         Err(e) => {
@@ -143,32 +141,77 @@ async fn send_message(
             return Err(e);
         }
     };
-    let input = SendInput {
+    let mut input = SendInput {
         customer_id: key.customer_id.clone(),
         api_key_id: Some(key.id.clone()),
         source: "api",
         body: request,
+        idempotency: None,
     };
-    match state.sender.send(&input).await {
+    let idem_key = idempotency::key_from(headers.get(idempotency::HEADER).map(|v| v.as_bytes()));
+    let idem_key = idem_key.map_err(|e| {
+        ApiError::new(422, "validation_error", e.to_string()).with_detail("field", "Idempotency-Key")
+    })?;
+    if let Some(idem_key) = idem_key {
+        let claimed = idempotency::claim(
+            &state.store,
+            &key.customer_id,
+            idem_key,
+            &input.body,
+            error::send_answer,
+            &error::orphan_answer(),
+            state.config.provider_timeout(),
+        )
+        .await?;
+        match claimed {
+            Ok(idempotency::Outcome::Run(claim)) => input.idempotency = Some(claim),
+            Ok(idempotency::Outcome::Replay(answer)) => {
+                info!(log, "send replayed"; "status" => answer.status);
+                return Ok(reply(answer).with_header(idempotency::REPLAYED_HEADER, "true"));
+            }
+            Ok(idempotency::Outcome::InProgress) => {
+                info!(log, "send refused"; "error" => "idempotency_request_in_progress");
+                return Ok(reply(error::send_answer(&Err(SendError::IdempotencyInProgress))));
+            }
+            Err(e @ idempotency::KeyError::Reused) => {
+                info!(log, "send refused"; "error" => "idempotency_key_reused");
+                return Err(ApiError::new(422, "idempotency_key_reused", e.to_string())
+                    .with_detail("field", "Idempotency-Key"));
+            }
+            Err(e @ idempotency::KeyError::Malformed) => {
+                return Err(ApiError::new(422, "validation_error", e.to_string())
+                    .with_detail("field", "Idempotency-Key"));
+            }
+        }
+    }
+    let result = state.sender.send(&input).await;
+    match &result {
         Ok(sent) => {
             info!(log, "send accepted"; "log_id" => sent.log_id, "message_id" => &sent.message_id, "type" => &sent.message_type);
-            Ok(SendMessageResponse {
-                success: true,
-                status: sent.status,
-                message_id: sent.message_id,
-                log_id: sent.log_id,
-                message_type: Some(sent.message_type),
-            })
         }
         Err(e) => {
-            let e = ApiError::from(e);
-            if e.status.as_u16() >= 500 {
-                error!(log, "send failed"; "error" => e.code, "internal" => e.internal.as_deref().unwrap_or(""));
+            let api = ApiError::from(e);
+            if api.status.as_u16() >= 500 {
+                error!(log, "send failed"; "error" => api.code, "internal" => api.internal.as_deref().unwrap_or(""));
             } else {
-                info!(log, "send refused"; "error" => e.code);
+                info!(log, "send refused"; "error" => api.code);
             }
-            Err(e)
         }
+    }
+    Ok(reply(error::send_answer(&result)))
+}
+
+/// The reply for an answer: its bytes, with `Retry-After` (whole seconds, from
+/// `details.retry_after_seconds`) on a 409, 429 or 503.
+fn reply(answer: Answer) -> SendReply {
+    let retry_after = matches!(answer.status, 409 | 429 | 503)
+        .then(|| serde_json::from_str::<serde_json::Value>(&answer.body).ok())
+        .flatten()
+        .and_then(|body| body["details"]["retry_after_seconds"].as_i64());
+    let reply = SendReply::new(answer.status, answer.body);
+    match retry_after {
+        Some(seconds) => reply.with_header("retry-after", seconds.max(1).to_string()),
+        None => reply,
     }
 }
 

@@ -361,6 +361,7 @@ impl Webhook<'_> {
                 message: Some(out.text.clone()),
                 ..Default::default()
             },
+            idempotency: None,
         };
         match self.sender.send(&input).await {
             Ok(sent) => Ok(("message_sent", Some(sent.message_id))),

@@ -30,8 +30,14 @@ pub enum EvolutionError {
     Server { status: u16, message: String },
     #[error("the provider did not answer in time")]
     Timeout,
+    /// No connection was made (refused, name not resolved, TLS failure, connect
+    /// timeout): the provider cannot have seen the request.
     #[error("the provider could not be reached: {0}")]
     Unreachable(String),
+    /// The connection broke after the request may have been written (reset, closed
+    /// before an answer): the provider may have acted on it.
+    #[error("the connection to the provider broke: {0}")]
+    Interrupted(String),
     #[error("the provider's answer could not be read: {0}")]
     BadAnswer(String),
 }
@@ -122,9 +128,7 @@ impl Evolution {
         if let Some(body) = body {
             request = request.json(&body);
         }
-        let response = request.send().await.map_err(|e| {
-            if e.is_timeout() { EvolutionError::Timeout } else { EvolutionError::Unreachable(e.to_string()) }
-        })?;
+        let response = request.send().await.map_err(transport_error)?;
         let status = response.status().as_u16();
         let text = response.text().await.map_err(|e| {
             if e.is_timeout() { EvolutionError::Timeout } else { EvolutionError::BadAnswer(e.to_string()) }
@@ -235,6 +239,25 @@ impl Evolution {
     }
 }
 
+/// What a transport failure proves. Only a failure to connect (refused, name not
+/// resolved, TLS handshake, connect timeout) proves the provider never saw the request;
+/// a timeout or a broken connection after that may follow a request it acted on.
+fn transport_error(e: reqwest::Error) -> EvolutionError {
+    let mut why = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        why = format!("{why}: {cause}");
+        source = cause.source();
+    }
+    if e.is_connect() {
+        EvolutionError::Unreachable(why)
+    } else if e.is_timeout() {
+        EvolutionError::Timeout
+    } else {
+        EvolutionError::Interrupted(why)
+    }
+}
+
 fn webhook_json(w: &WebhookTarget) -> Value {
     json!({"url": w.url, "byEvents": false, "base64": false, "headers": {w.header.clone(): w.secret}, "events": EVENTS})
 }
@@ -294,9 +317,10 @@ impl Provider for Evolution {
                 ProviderError::Rejected(e.to_string())
             }
             // It took the request and then failed or went silent: it may have sent it.
-            e @ (EvolutionError::Server { .. } | EvolutionError::Timeout | EvolutionError::BadAnswer(_)) => {
-                ProviderError::OutcomeUnknown(e.to_string())
-            }
+            e @ (EvolutionError::Server { .. }
+            | EvolutionError::Timeout
+            | EvolutionError::BadAnswer(_)
+            | EvolutionError::Interrupted(_)) => ProviderError::OutcomeUnknown(e.to_string()),
         })
     }
 }

@@ -2,7 +2,9 @@
 //! fresh message id, except for two reserved numbers that exercise failure paths:
 //!
 //! * `+15005550001`: the provider refuses the message (the send answers 502);
-//! * `+15005550002`: the provider never answers (502 after the provider timeout).
+//! * `+15005550002`: the provider never answers (502 after the provider timeout);
+//! * `+15005550003`: the provider takes the message and the connection breaks before
+//!   its answer (502 at once; the outcome is unknown, as after a timeout).
 
 use super::{OutboundMessage, Provider, ProviderError, ProviderReceipt, SendingInstance};
 use async_trait::async_trait;
@@ -11,6 +13,8 @@ use async_trait::async_trait;
 pub const REFUSED_NUMBER: &str = "+15005550001";
 /// Recipient for which the simulator never answers.
 pub const TIMEOUT_NUMBER: &str = "+15005550002";
+/// Recipient for which the connection breaks after the provider took the message.
+pub const DROPPED_NUMBER: &str = "+15005550003";
 
 /// The simulator provider.
 #[derive(Clone, Debug, Default)]
@@ -32,6 +36,9 @@ impl Provider for Simulator {
         }
         match message.to.as_str() {
             REFUSED_NUMBER => Err(ProviderError::Rejected("recipient refused by the simulator".to_string())),
+            DROPPED_NUMBER => {
+                Err(ProviderError::OutcomeUnknown("the connection closed before the provider answered".to_string()))
+            }
             TIMEOUT_NUMBER => {
                 std::future::pending::<()>().await;
                 unreachable!("a pending future never completes")

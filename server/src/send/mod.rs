@@ -6,11 +6,18 @@
 //! the HTTP layer, because they need the raw request.
 //!
 //! Every attempt leaves exactly one message-log row, allowed or refused, with the check
-//! that decided (`policy`) and why (`reason`). Velocity and quota are reserved together
-//! in one transaction before the provider call and given back if the provider fails, so
-//! a refused or failed send consumes nothing, and a crash between the two can only
-//! over-count, never let a message through over the limit.
+//! that decided (`policy`) and why (`reason`). An allowed send takes its velocity and
+//! quota counters and writes its row as `pending` in one transaction before the
+//! provider call (`Store::begin_attempt`); the provider's answer settles the row
+//! (`sent`, `failed` with the counters given back, or `unknown`). A crash between the
+//! two leaves a pending row that the orphan sweep makes `unknown`: nothing the
+//! provider may have seen is missing from the log, and nothing goes over a limit.
+//!
+//! A request with an idempotency key has claimed it before the pipeline runs (see the
+//! HTTP layer); its final answer, rendered by the caller's `render`, is kept with the
+//! log row in the same transaction.
 
+pub mod idempotency;
 pub mod media;
 pub mod phone;
 
@@ -18,8 +25,8 @@ use crate::config::Config;
 use crate::policy::{Decision, PolicyEngine, Stage, TraceEntry};
 use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance};
 use crate::store::{
-    Customer, Instance, LimitHit, LogEntry, OutboxEvent, PacingScopes, PlanStatus, Reservation, ReviewItem,
-    SendContext, Store, StoreError, now_ms,
+    Answer, Began, Begin, Customer, Finish, IdemOwner, Instance, LimitHit, LogEntry, OutboxEvent, PacingScopes,
+    PlanStatus, Reservation, ReviewItem, SendContext, Store, StoreError, now_ms,
 };
 use gateway_api::{MediaType, MessagePurpose, SendMessageRequest, events};
 use gateway_policy_model as model;
@@ -33,6 +40,9 @@ pub const MAX_TEXT_CHARS: usize = 4096;
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
 const MINUTE_MS: i64 = 60 * 1000;
 const HOUR_MS: i64 = 60 * MINUTE_MS;
+/// How long past the provider timeout a pending attempt is presumed orphaned (its
+/// process stopped mid-call).
+pub const ORPHAN_MARGIN_MS: i64 = 10_000;
 
 /// Why a send did not go out. Mapped to the wire in `http/error.rs`.
 #[derive(Debug, thiserror::Error)]
@@ -64,9 +74,12 @@ pub enum SendError {
     #[error("sending too fast ({scope})")]
     Throttled { scope: &'static str, limit: i64, retry_after_seconds: i64 },
     #[error("daily message limit reached")]
-    DailyLimit { limit: i64, used: i64, resets_at: i64 },
+    DailyLimit { limit: i64, used: i64, resets_at: i64, retry_after_seconds: i64 },
     #[error("monthly message limit reached")]
-    MonthlyLimit { limit: i64, used: i64, resets_at: i64 },
+    MonthlyLimit { limit: i64, used: i64, resets_at: i64, retry_after_seconds: i64 },
+    /// Another request with the same idempotency key is running (or took the key over).
+    #[error("a request with this idempotency key is in progress")]
+    IdempotencyInProgress,
     #[error("delivery failed: {0}")]
     Provider(#[from] ProviderError),
     #[error(transparent)]
@@ -92,6 +105,7 @@ impl SendError {
             SendError::DailyLimit { .. } => "daily_message_limit_exceeded",
             SendError::MonthlyLimit { .. } => "monthly_message_limit_exceeded",
             SendError::Provider(_) => "gateway_send_failed",
+            SendError::IdempotencyInProgress => "idempotency_request_in_progress",
             SendError::Store(_) => "internal_error",
         }
     }
@@ -111,6 +125,7 @@ impl SendError {
             SendError::Throttled { .. } => "gateway/velocity".into(),
             SendError::DailyLimit { .. } | SendError::MonthlyLimit { .. } => "gateway/quota".into(),
             SendError::Provider(_) => "gateway/provider".into(),
+            SendError::IdempotencyInProgress => "gateway/idempotency".into(),
             SendError::Store(_) => "gateway/store".into(),
         }
     }
@@ -124,6 +139,16 @@ pub struct SendInput {
     /// `api`, `pbx` or `dashboard`.
     pub source: &'static str,
     pub body: SendMessageRequest,
+    /// The idempotency claim this request holds, if it came with a key.
+    pub idempotency: Option<Idempotency>,
+}
+
+/// A request's idempotency claim and how its answer is rendered for replay (the HTTP
+/// layer's function: the pipeline does not know the wire).
+#[derive(Clone, Debug)]
+pub struct Idempotency {
+    pub owner: IdemOwner,
+    pub render: fn(&Result<Sent, SendError>) -> Answer,
 }
 
 /// A send that went out.
@@ -169,6 +194,8 @@ struct Attempt<'a> {
     trace: Vec<TraceEntry>,
     /// Set when a policy sent the message to review.
     review: Option<ReviewItem>,
+    /// The pending attempt row, once written.
+    log_id: Option<i64>,
 }
 
 impl Sender {
@@ -185,93 +212,128 @@ impl Sender {
 
     /// Runs every check, sends, and writes the attempt's log row (and event).
     pub async fn send(&self, input: &SendInput) -> Result<Sent, SendError> {
-        let mut attempt =
-            Attempt { input, instance: None, checked: None, reservations: Vec::new(), trace: Vec::new(), review: None };
+        let mut attempt = Attempt {
+            input,
+            instance: None,
+            checked: None,
+            reservations: Vec::new(),
+            trace: Vec::new(),
+            review: None,
+            log_id: None,
+        };
         let result = self.run(&mut attempt).await;
         let now = now_ms();
-        let mut entry = LogEntry {
-            customer_id: input.customer_id.clone(),
-            instance_id: attempt.instance.as_ref().map(|i| i.id.clone()),
-            api_key_id: input.api_key_id.clone(),
-            source: input.source.to_string(),
-            purpose: input.body.message_purpose.as_deref().map(|p| truncate(p, 64)),
-            recipient: match &attempt.checked {
-                Some(c) => Some(c.phone.e164.clone()),
-                None => input.body.phone.as_deref().map(|p| truncate(p, 32)),
-            },
-            message_type: attempt.checked.as_ref().map(|c| c.message_type().to_string()),
-            created_at: now,
-            policy_trace: (!attempt.trace.is_empty())
-                .then(|| serde_json::to_string(&attempt.trace).unwrap_or_default()),
-            ..LogEntry::default()
-        };
-        match result {
-            Ok(receipt) => {
-                entry.decision = "allowed".into();
-                entry.status = "sent".into();
-                entry.provider_message_id = Some(receipt.message_id.clone());
+        let render = |result: &Result<Sent, SendError>| input.idempotency.as_ref().map(|i| (i.render)(result));
+        match (result, attempt.log_id) {
+            (Ok(receipt), Some(log_id)) => {
                 let event = self.event(&attempt, now, events::MessageSent::NAME, |base, to, message_purpose| {
                     let message_id = Some(receipt.message_id.clone());
                     serde_json::to_value(events::MessageSent { base, to, message_purpose, message_id })
                 });
-                let log_id = self.store.record_attempt(&entry, event.as_ref()).await?;
-                if let Some(instance) = attempt.instance.as_ref().filter(|i| i.provider == "simulator") {
-                    self.simulate_statuses(instance, &receipt.message_id, &entry.recipient.clone().unwrap_or_default());
-                }
-                Ok(Sent {
+                let sent = Sent {
                     log_id,
-                    message_id: receipt.message_id,
+                    message_id: receipt.message_id.clone(),
                     status: receipt.status,
-                    message_type: entry.message_type.unwrap_or_else(|| "text".into()),
-                })
+                    message_type: attempt.checked.as_ref().map_or("text", Checked::message_type).to_string(),
+                };
+                let result = Ok(sent);
+                let finish = Finish {
+                    status: "sent".into(),
+                    provider_message_id: Some(receipt.message_id.clone()),
+                    event,
+                    answer: render(&result),
+                    ..self.finish(&attempt, log_id, now)
+                };
+                self.store.settle_attempt(finish).await?;
+                if let Some(instance) = attempt.instance.as_ref().filter(|i| i.provider == "simulator") {
+                    let recipient = attempt.checked.as_ref().map(|c| c.phone.e164.clone()).unwrap_or_default();
+                    self.simulate_statuses(instance, &receipt.message_id, &recipient);
+                }
+                result
             }
-            Err(SendError::Provider(error)) if error.outcome_unknown() => {
-                // It may have been sent: it keeps its quota and gets no `message.failed`;
-                // the log says `unknown` until the provider's event for it arrives.
-                entry.decision = "allowed".into();
-                entry.status = "unknown".into();
-                entry.error_code = Some("gateway_send_failed".into());
-                entry.policy = Some("gateway/provider".into());
-                entry.reason = Some(error.to_string());
-                self.store.record_attempt(&entry, None).await?;
-                Err(SendError::Provider(error))
+            (Err(SendError::Provider(error)), Some(log_id)) => {
+                // Unknown: it may have been sent, so it keeps its quota and gets no
+                // `message.failed`; the log says `unknown` until the provider's event
+                // for it arrives. Failed: proven not taken, so the counters go back.
+                let unknown = error.outcome_unknown();
+                let event = (!unknown)
+                    .then(|| {
+                        self.event(&attempt, now, events::MessageFailed::NAME, |base, to, message_purpose| {
+                            let error = error.code().to_string();
+                            serde_json::to_value(events::MessageFailed { base, to, message_purpose, error })
+                        })
+                    })
+                    .flatten();
+                let reason = Some(error.to_string());
+                let result = Err(SendError::Provider(error));
+                let finish = Finish {
+                    status: if unknown { "unknown" } else { "failed" }.into(),
+                    error_code: Some("gateway_send_failed".into()),
+                    policy: Some("gateway/provider".into()),
+                    reason,
+                    event,
+                    release: if unknown { Vec::new() } else { attempt.reservations.clone() },
+                    answer: render(&result),
+                    ..self.finish(&attempt, log_id, now)
+                };
+                self.store.settle_attempt(finish).await?;
+                result
             }
-            Err(SendError::Provider(error)) => {
-                // If the counters cannot be given back they stay one higher: conservative,
-                // never over the limit. The attempt is recorded either way.
-                let released = self.store.release(&attempt.reservations).await;
-                entry.decision = "allowed".into();
-                entry.status = "failed".into();
-                entry.error_code = Some("gateway_send_failed".into());
-                entry.policy = Some("gateway/provider".into());
-                entry.reason = Some(error.to_string());
-                let event = self.event(&attempt, now, events::MessageFailed::NAME, |base, to, message_purpose| {
-                    let error = error.code().to_string();
-                    serde_json::to_value(events::MessageFailed { base, to, message_purpose, error })
-                });
-                self.store.record_attempt(&entry, event.as_ref()).await?;
-                released?;
-                Err(SendError::Provider(error))
-            }
-            Err(error) => {
+            // Not an attempt of its own: the key's first request answers for it.
+            (Err(SendError::IdempotencyInProgress), _) => Err(SendError::IdempotencyInProgress),
+            (Err(error @ SendError::Store(_)), _) => Err(error),
+            (Ok(_), None) => Err(SendError::Store(StoreError::Conflict("a send went out without its attempt row".into()))),
+            (Err(error), _) => {
+                let mut entry = self.entry(&attempt, now);
                 entry.decision = "refused".into();
                 entry.status = "refused".into();
                 entry.error_code = Some(error.code().into());
                 entry.policy = Some(error.check());
                 entry.reason = Some(truncate(&error.to_string(), 500));
-                if !matches!(error, SendError::Store(_)) {
-                    let recorded = self.store.record_reviewed(&entry, None, attempt.review.as_ref()).await?;
-                    if recorded.paused
-                        && let Some(instance) = &attempt.instance
-                    {
-                        slog::warn!(self.log, "instance paused for review";
-                                    "instance_id" => &instance.id, "customer_id" => &instance.customer_id,
-                                    "reviews" => self.config.policies.review_pause_threshold,
-                                    "window_hours" => self.config.policies.review_window_hours);
-                    }
+                let result = Err(error);
+                let answer = input.idempotency.as_ref().zip(render(&result)).map(|(i, a)| (i.owner.clone(), a));
+                let recorded = self.store.record_answered(&entry, None, attempt.review.as_ref(), answer).await?;
+                if recorded.paused
+                    && let Some(instance) = &attempt.instance
+                {
+                    slog::warn!(self.log, "instance paused for review";
+                                "instance_id" => &instance.id, "customer_id" => &instance.customer_id,
+                                "reviews" => self.config.policies.review_pause_threshold,
+                                "window_hours" => self.config.policies.review_window_hours);
                 }
-                Err(error)
+                result
             }
+        }
+    }
+
+    /// The log row of an attempt as far as its checks got (decision and status unset).
+    fn entry(&self, a: &Attempt<'_>, now: i64) -> LogEntry {
+        let input = a.input;
+        LogEntry {
+            customer_id: input.customer_id.clone(),
+            instance_id: a.instance.as_ref().map(|i| i.id.clone()),
+            api_key_id: input.api_key_id.clone(),
+            source: input.source.to_string(),
+            purpose: input.body.message_purpose.as_deref().map(|p| truncate(p, 64)),
+            recipient: match &a.checked {
+                Some(c) => Some(c.phone.e164.clone()),
+                None => input.body.phone.as_deref().map(|p| truncate(p, 32)),
+            },
+            message_type: a.checked.as_ref().map(|c| c.message_type().to_string()),
+            created_at: now,
+            policy_trace: (!a.trace.is_empty()).then(|| serde_json::to_string(&a.trace).unwrap_or_default()),
+            ..LogEntry::default()
+        }
+    }
+
+    /// The parts of an attempt's `Finish` that do not depend on the outcome.
+    fn finish(&self, a: &Attempt<'_>, log_id: i64, now: i64) -> Finish {
+        Finish {
+            log_id,
+            instance_id: a.instance.as_ref().map(|i| i.id.clone()),
+            recipient: a.checked.as_ref().map(|c| c.phone.e164.clone()),
+            at: now,
+            ..Finish::default()
         }
     }
 
@@ -376,10 +438,6 @@ impl Sender {
             return Err(self.refusal(a, content.decision));
         }
         let reservations = self.reservations(&customer, instance, &checked.phone.e164, new_recipient, now);
-        if let Err(hit) = self.store.reserve(&reservations).await? {
-            return Err(limit_error(&reservations, hit, now));
-        }
-        a.reservations = reservations;
         let message = OutboundMessage {
             to: checked.phone.e164.clone(),
             text: checked.text.clone(),
@@ -392,6 +450,22 @@ impl Sender {
             provider: instance.provider.clone(),
         };
         let timeout = self.config.provider_timeout();
+        // The counters and the pending row, in one write, before the provider is called.
+        let mut pending = self.entry(a, now);
+        pending.decision = "allowed".into();
+        pending.status = "pending".into();
+        let begin = Begin {
+            reservations: reservations.clone(),
+            entry: pending,
+            deadline_at: now + timeout.as_millis() as i64 + ORPHAN_MARGIN_MS,
+            idem: a.input.idempotency.as_ref().map(|i| i.owner.clone()),
+        };
+        match self.store.begin_attempt(begin).await? {
+            Began::Written(log_id) => a.log_id = Some(log_id),
+            Began::Limit(hit) => return Err(limit_error(&reservations, hit, now)),
+            Began::KeyLost => return Err(SendError::IdempotencyInProgress),
+        }
+        a.reservations = reservations;
         match tokio::time::timeout(timeout, self.provider.send(&sending, &message)).await {
             Ok(Ok(receipt)) => Ok(receipt),
             Ok(Err(e)) => Err(SendError::Provider(e)),
@@ -636,8 +710,16 @@ fn limit_error(reservations: &[Reservation], hit: LimitHit, now: i64) -> SendErr
             limit: r.limit,
             retry_after_seconds: ((r.window_start + MINUTE_MS - now + 999) / 1000).max(1),
         },
-        2 => SendError::DailyLimit { limit: r.limit, used: hit.used, resets_at: r.window_start + DAY_MS },
-        _ => SendError::MonthlyLimit { limit: r.limit, used: hit.used, resets_at: r.expires_at - DAY_MS },
+        2 => {
+            let resets_at = r.window_start + DAY_MS;
+            let retry_after_seconds = ((resets_at - now + 999) / 1000).max(1);
+            SendError::DailyLimit { limit: r.limit, used: hit.used, resets_at, retry_after_seconds }
+        }
+        _ => {
+            let resets_at = r.expires_at - DAY_MS;
+            let retry_after_seconds = ((resets_at - now + 999) / 1000).max(1);
+            SendError::MonthlyLimit { limit: r.limit, used: hit.used, resets_at, retry_after_seconds }
+        }
     }
 }
 

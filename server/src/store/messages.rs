@@ -1,5 +1,6 @@
 //! The message log (one row per send attempt) and the event outbox.
 
+use super::attempts::{Answer, IdemOwner};
 use super::writer::WriteOp;
 use super::{Cols, FromCols, Store, StoreError};
 use sqlx::Row;
@@ -106,10 +107,23 @@ impl Store {
         event: Option<&OutboxEvent>,
         review: Option<&ReviewItem>,
     ) -> Result<Recorded, StoreError> {
+        self.record_answered(entry, event, review, None).await
+    }
+
+    /// `record_reviewed`, keeping the request's answer for its idempotency key in the
+    /// same transaction.
+    pub async fn record_answered(
+        &self,
+        entry: &LogEntry,
+        event: Option<&OutboxEvent>,
+        review: Option<&ReviewItem>,
+        answer: Option<(IdemOwner, Answer)>,
+    ) -> Result<Recorded, StoreError> {
         let entry = Box::new(entry.clone());
         let event = event.cloned().map(Box::new);
         let review = review.cloned().map(Box::new);
-        self.write_op(|reply| WriteOp::Record { entry, event, review, reply }).await
+        let answer = answer.map(Box::new);
+        self.write_op(|reply| WriteOp::Record { entry, event, review, answer, reply }).await
     }
 
     /// The log row with this id.

@@ -13,6 +13,7 @@
 //! upsert inside a transaction, so concurrent senders, and several replicas on one
 //! PostgreSQL, can never push a counter past its limit.
 
+mod attempts;
 mod counters;
 mod customers;
 mod dashboard;
@@ -25,6 +26,7 @@ mod policies;
 mod webhooks;
 mod writer;
 
+pub use attempts::{Answer, Began, Begin, CLAIM_LEASE_MS, Claim, Finish, IdemOwner, KEY_TTL_MS, ORPHAN_REASON};
 pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, SendContext};
 pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};
@@ -173,6 +175,42 @@ pub(crate) fn bind_all<'q>(
 }
 
 /// Current time in Unix milliseconds.
+/// How SQLite commits: `Full` syncs the WAL at every commit (a group commit pays one
+/// sync for its whole batch), so an acknowledged write survives an OS crash or power
+/// loss; `Normal` syncs only at checkpoints (faster; the last commits may be lost on
+/// power loss, the file is never corrupted). PostgreSQL is unaffected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    #[default]
+    Full,
+    Normal,
+}
+
+impl Durability {
+    /// From the configuration's `sqlite_synchronous` (`full` or `normal`).
+    pub fn parse(setting: &str) -> Option<Durability> {
+        match setting {
+            "full" => Some(Durability::Full),
+            "normal" => Some(Durability::Normal),
+            _ => None,
+        }
+    }
+
+    /// The pragmas every SQLite connection starts with.
+    pub(crate) fn sqlite_pragmas(self) -> &'static str {
+        match self {
+            Durability::Full => {
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 10000; \
+                 PRAGMA foreign_keys = ON;"
+            }
+            Durability::Normal => {
+                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 10000; \
+                 PRAGMA foreign_keys = ON;"
+            }
+        }
+    }
+}
+
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
@@ -187,13 +225,32 @@ impl Store {
     /// applies the migrations.
     /// `log` receives the writer's debug lines (batch sizes and times).
     pub async fn open(url: &str, max_connections: u32, log: Option<slog::Logger>) -> Result<Store, StoreError> {
-        let store = Store::connect(url, max_connections, log).await?;
+        Store::open_with(url, max_connections, log, Durability::Full).await
+    }
+
+    /// `open` with SQLite's durability chosen (`sqlite_synchronous`).
+    pub async fn open_with(
+        url: &str,
+        max_connections: u32,
+        log: Option<slog::Logger>,
+        durability: Durability,
+    ) -> Result<Store, StoreError> {
+        let store = Store::connect_with(url, max_connections, log, durability).await?;
         store.migrate().await?;
         Ok(store)
     }
 
     /// Connects without migrating.
     pub async fn connect(url: &str, max_connections: u32, log: Option<slog::Logger>) -> Result<Store, StoreError> {
+        Store::connect_with(url, max_connections, log, Durability::Full).await
+    }
+
+    async fn connect_with(
+        url: &str,
+        max_connections: u32,
+        log: Option<slog::Logger>,
+        durability: Durability,
+    ) -> Result<Store, StoreError> {
         install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -205,14 +262,11 @@ impl Store {
         let max = max_connections.max(1);
         match backend {
             Backend::Sqlite => {
+                let pragmas = durability.sqlite_pragmas();
                 let options = || {
-                    AnyPoolOptions::new().acquire_timeout(Duration::from_secs(30)).after_connect(|conn, _| {
+                    AnyPoolOptions::new().acquire_timeout(Duration::from_secs(30)).after_connect(move |conn, _| {
                         Box::pin(async move {
-                            conn.execute(
-                                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-                                     PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON;",
-                            )
-                            .await?;
+                            conn.execute(pragmas).await?;
                             Ok(())
                         })
                     })
@@ -220,7 +274,7 @@ impl Store {
                 let write = options().max_connections(1).connect(url).await?;
                 let read = options().max_connections(max).connect(url).await?;
                 let path = writer::sqlite_path(url).ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
-                let writer = writer::spawn_sqlite(path.clone(), log)?;
+                let writer = writer::spawn_sqlite(path.clone(), durability, log)?;
                 let idle = Mutex::new(Vec::new());
                 let sqlite_readers = Some(Arc::new(SqliteReaders { path, idle }));
                 Ok(Store { read, write, backend, writer, sqlite_readers })

@@ -21,6 +21,7 @@
 //! one round trip and one commit per batch, where a statement per write cost a round
 //! trip each and kept the writer busy (measured in BENCHMARKS.md).
 
+use super::attempts::{self, Answer, Began, Begin, Finish, IdemOwner};
 use super::counters::{LimitHit, Reservation};
 use super::messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};
 use super::pbx::{Admission, PbxAdmit, PbxEvent};
@@ -45,11 +46,24 @@ pub(super) enum WriteOp {
         reservations: Vec<Reservation>,
         reply: Reply<()>,
     },
+    /// A log row written whole (a refusal), with its event, review and, for a request
+    /// with an idempotency key, the answer to keep.
     Record {
         entry: Box<LogEntry>,
         event: Option<Box<OutboxEvent>>,
         review: Option<Box<ReviewItem>>,
+        answer: Option<Box<(IdemOwner, Answer)>>,
         reply: Reply<Recorded>,
+    },
+    /// The counters and pending row of an allowed send (see `attempts`).
+    Begin {
+        begin: Box<Begin>,
+        reply: Reply<Began>,
+    },
+    /// The provider's answer to an attempt (see `attempts`).
+    Finish {
+        finish: Box<Finish>,
+        reply: Reply<bool>,
     },
     PbxAdmit {
         admit: Box<PbxAdmit>,
@@ -78,6 +92,8 @@ enum Done {
     Reserve(Result<(), LimitHit>),
     Release,
     Record(Recorded),
+    Began(Began),
+    Finished(bool),
     PbxAdmit(Admission),
     Exec(Vec<u64>),
 }
@@ -122,7 +138,7 @@ fn first_full(rs: &[Reservation], taken: &[String]) -> Option<(usize, Vec<Reserv
     Some((index, rs.iter().filter(|r| taken.contains(&r.scope)).cloned().collect()))
 }
 
-fn log_values(e: &LogEntry) -> Vec<SqlValue> {
+pub(super) fn log_values(e: &LogEntry) -> Vec<SqlValue> {
     let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
     vec![
         SqlValue::Text(e.customer_id.clone()),
@@ -167,6 +183,10 @@ fn answer(op: WriteOp, result: Result<Done, StoreError>) {
         (WriteOp::Reserve { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (WriteOp::Release { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (WriteOp::Record { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
+        (WriteOp::Begin { reply, .. }, Ok(Done::Began(b))) => drop(reply.send(Ok(b))),
+        (WriteOp::Begin { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
+        (WriteOp::Finish { reply, .. }, Ok(Done::Finished(f))) => drop(reply.send(Ok(f))),
+        (WriteOp::Finish { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (WriteOp::PbxAdmit { reply, .. }, Ok(Done::PbxAdmit(a))) => drop(reply.send(Ok(a))),
         (WriteOp::PbxAdmit { reply, .. }, Err(e)) => drop(reply.send(Err(e))),
         (WriteOp::Exec { reply, .. }, Ok(Done::Exec(rows))) => drop(reply.send(Ok(rows))),
@@ -200,12 +220,13 @@ pub(super) fn sqlite_path(url: &str) -> Option<PathBuf> {
 }
 
 /// Starts the SQLite writer thread on the database file `path`.
-pub(super) fn spawn_sqlite(path: PathBuf, log: Option<slog::Logger>) -> Result<mpsc::Sender<WriteOp>, StoreError> {
+pub(super) fn spawn_sqlite(
+    path: PathBuf,
+    durability: super::Durability,
+    log: Option<slog::Logger>,
+) -> Result<mpsc::Sender<WriteOp>, StoreError> {
     let mut conn = rusqlite::Connection::open(&path)?;
-    conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 10000; \
-         PRAGMA foreign_keys = ON;",
-    )?;
+    conn.execute_batch(durability.sqlite_pragmas())?;
     let (tx, mut rx) = mpsc::channel::<WriteOp>(4 * MAX_BATCH);
     std::thread::Builder::new()
         .name("sqlite-writer".into())
@@ -242,9 +263,17 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &[WriteOp]) -> Result<Ve
                 sqlite_release(&tx, reservations)?;
                 Done::Release
             }
-            WriteOp::Record { entry, event, review, .. } => {
-                Done::Record(sqlite_record(&tx, entry, event.as_deref(), review.as_deref())?)
+            WriteOp::Record { entry, event, review, answer, .. } => {
+                let recorded = sqlite_record(&tx, entry, event.as_deref(), review.as_deref())?;
+                if let Some((idem, answer)) = answer.as_deref() {
+                    let mut keep = tx.prepare_cached(attempts::ANSWER_REFUSAL_SQL)?;
+                    bind_dollar(&mut keep, &attempts::refusal_answer_values(idem, answer, recorded.log_id))?;
+                    keep.raw_execute()?;
+                }
+                Done::Record(recorded)
             }
+            WriteOp::Begin { begin, .. } => Done::Began(attempts::sqlite_begin(&tx, begin)?),
+            WriteOp::Finish { finish, .. } => Done::Finished(attempts::sqlite_finish(&tx, finish)?),
             WriteOp::PbxAdmit { admit, .. } => Done::PbxAdmit(sqlite_pbx_admit(&tx, admit)?),
             WriteOp::Exec { statements, .. } => {
                 let mut rows = Vec::with_capacity(statements.len());
@@ -271,14 +300,12 @@ fn sqlite_record(
     bind_dollar(&mut insert, &log_values(entry))?;
     let log_id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
     if let Some(event) = event {
-        let mut insert = tx.prepare_cached(INSERT_OUTBOX_SQL)?;
-        bind_dollar(&mut insert, &outbox_values(event))?;
-        insert.raw_execute()?;
+        sqlite_outbox(tx, event)?;
     }
     if went_out(entry)
         && let (Some(instance), Some(phone)) = (&entry.instance_id, &entry.recipient)
     {
-        tx.prepare_cached(CONTACT_SENT_SQL)?.execute(rusqlite::params![instance, phone, entry.created_at])?;
+        sqlite_contact(tx, instance, phone, entry.created_at)?;
     }
     let mut paused = false;
     if let (Some(review), Some(instance)) = (review, &entry.instance_id) {
@@ -295,6 +322,25 @@ fn sqlite_record(
         }
     }
     Ok(Recorded { log_id, paused })
+}
+
+/// Writes an outbox event.
+pub(super) fn sqlite_outbox(tx: &rusqlite::Transaction<'_>, event: &OutboxEvent) -> Result<(), StoreError> {
+    let mut insert = tx.prepare_cached(INSERT_OUTBOX_SQL)?;
+    bind_dollar(&mut insert, &outbox_values(event))?;
+    insert.raw_execute()?;
+    Ok(())
+}
+
+/// Counts a message that went (or may have gone) out toward its recipient's contact.
+pub(super) fn sqlite_contact(
+    tx: &rusqlite::Transaction<'_>,
+    instance: &str,
+    phone: &str,
+    at: i64,
+) -> Result<(), StoreError> {
+    tx.prepare_cached(CONTACT_SENT_SQL)?.execute(rusqlite::params![instance, phone, at])?;
+    Ok(())
 }
 
 fn review_values(log_id: i64, e: &LogEntry, r: &ReviewItem) -> Vec<SqlValue> {
@@ -315,7 +361,10 @@ fn review_values(log_id: i64, e: &LogEntry, r: &ReviewItem) -> Vec<SqlValue> {
     ]
 }
 
-fn sqlite_reserve(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<Result<(), LimitHit>, StoreError> {
+pub(super) fn sqlite_reserve(
+    tx: &rusqlite::Transaction<'_>,
+    rs: &[Reservation],
+) -> Result<Result<(), LimitHit>, StoreError> {
     if rs.is_empty() {
         return Ok(Ok(()));
     }
@@ -410,7 +459,7 @@ fn admitted_log(log: &PbxEvent, rate_limited_for_ms: Option<i64>) -> PbxEvent {
     }
 }
 
-fn sqlite_release(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<(), StoreError> {
+pub(super) fn sqlite_release(tx: &rusqlite::Transaction<'_>, rs: &[Reservation]) -> Result<(), StoreError> {
     for r in rs {
         tx.prepare_cached(RELEASE_SQL)?.execute(rusqlite::params![r.scope, r.window_start])?;
     }
@@ -449,11 +498,17 @@ pub(super) fn spawn_sqlx(pool: AnyPool, log: Option<slog::Logger>) -> mpsc::Send
 /// `Exec` writes run after that statement, in order, in the same transaction.
 async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, StoreError> {
     let is_pbx = |op: &&WriteOp| matches!(op, WriteOp::PbxAdmit { .. });
+    let is_send = |op: &&WriteOp| matches!(op, WriteOp::Begin { .. } | WriteOp::Finish { .. });
     let is_finish = |op: &&WriteOp| matches!(op, WriteOp::Exec { finish: Some(_), .. });
     let is_exec = |op: &&WriteOp| matches!(op, WriteOp::Exec { finish: None, .. });
-    let ops: Vec<serde_json::Value> =
-        batch.iter().filter(|op| !is_pbx(op) && !is_exec(op) && !is_finish(op)).map(op_json).collect();
+    let has_answer = |op: &&WriteOp| matches!(op, WriteOp::Record { answer: Some(_), .. });
+    let ops: Vec<serde_json::Value> = batch
+        .iter()
+        .filter(|op| !is_pbx(op) && !is_send(op) && !is_exec(op) && !is_finish(op))
+        .map(op_json)
+        .collect();
     let pbx: Vec<serde_json::Value> = batch.iter().filter(is_pbx).map(op_json).collect();
+    let send: Vec<serde_json::Value> = batch.iter().filter(is_send).map(op_json).collect();
     let finishes: Vec<serde_json::Value> = batch
         .iter()
         .filter_map(|op| match op {
@@ -461,29 +516,33 @@ async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, Stor
             _ => None,
         })
         .collect();
-    // Without plain `Exec` writes the batch is one statement: one round trip, its own
-    // transaction. With them, a transaction around that statement and theirs.
-    let mut tx = if batch.iter().any(|op| is_exec(&op)) { Some(pool.begin().await?) } else { None };
-    let (mut results, mut pbx_results) = if ops.is_empty() && pbx.is_empty() && finishes.is_empty() {
-        (Vec::new().into_iter(), Vec::new().into_iter())
-    } else {
-        let query = sqlx::query(
-            "SELECT gateway_write_batch($1::jsonb)::text AS r, gateway_pbx_admit($2::jsonb)::text AS p, \
-             gateway_webhook_finish($3::jsonb)::text AS w",
-        )
-        .bind(serde_json::Value::Array(ops).to_string())
-        .bind(serde_json::Value::Array(pbx).to_string())
-        .bind(serde_json::Value::Array(finishes).to_string());
-        let row = match tx.as_mut() {
-            Some(tx) => query.fetch_one(&mut **tx).await?,
-            None => query.fetch_one(pool).await?,
+    // Without plain `Exec` writes (or kept answers) the batch is one statement: one
+    // round trip, its own transaction. With them, a transaction around that statement
+    // and theirs.
+    let mut tx =
+        if batch.iter().any(|op| is_exec(&op) || has_answer(&op)) { Some(pool.begin().await?) } else { None };
+    let (mut results, mut pbx_results, mut send_results) =
+        if ops.is_empty() && pbx.is_empty() && finishes.is_empty() && send.is_empty() {
+            (Vec::new().into_iter(), Vec::new().into_iter(), Vec::new().into_iter())
+        } else {
+            let query = sqlx::query(
+                "SELECT gateway_write_batch($1::jsonb)::text AS r, gateway_pbx_admit($2::jsonb)::text AS p, \
+                 gateway_webhook_finish($3::jsonb)::text AS w, gateway_send_ops($4::jsonb)::text AS s",
+            )
+            .bind(serde_json::Value::Array(ops).to_string())
+            .bind(serde_json::Value::Array(pbx).to_string())
+            .bind(serde_json::Value::Array(finishes).to_string())
+            .bind(serde_json::Value::Array(send).to_string());
+            let row = match tx.as_mut() {
+                Some(tx) => query.fetch_one(&mut **tx).await?,
+                None => query.fetch_one(pool).await?,
+            };
+            let parse = |column: &str| -> Result<Vec<serde_json::Value>, StoreError> {
+                let text: String = row.try_get(column)?;
+                serde_json::from_str(&text).map_err(|e| StoreError::Conflict(format!("write batch answer: {e}")))
+            };
+            (parse("r")?.into_iter(), parse("p")?.into_iter(), parse("s")?.into_iter())
         };
-        let parse = |column: &str| -> Result<Vec<serde_json::Value>, StoreError> {
-            let text: String = row.try_get(column)?;
-            serde_json::from_str(&text).map_err(|e| StoreError::Conflict(format!("write batch answer: {e}")))
-        };
-        (parse("r")?.into_iter(), parse("p")?.into_iter())
-    };
     let mut done = Vec::with_capacity(batch.len());
     for op in batch {
         match op {
@@ -503,9 +562,22 @@ async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, Stor
             }
             _ => {}
         }
-        let r = if is_pbx(&op) { pbx_results.next() } else { results.next() };
+        let r = if is_pbx(&op) {
+            pbx_results.next()
+        } else if is_send(&op) {
+            send_results.next()
+        } else {
+            results.next()
+        };
         let r = r.ok_or_else(|| StoreError::Conflict("write batch answered fewer writes".into()))?;
-        done.push(done_from_json(op, &r)?);
+        let result = done_from_json(op, &r)?;
+        if let (WriteOp::Record { answer: Some(answer), .. }, Done::Record(recorded)) = (op, &result) {
+            let (idem, answer) = answer.as_ref();
+            let tx = tx.as_mut().ok_or_else(|| StoreError::Conflict("no transaction for a write".into()))?;
+            let values = attempts::refusal_answer_values(idem, answer, recorded.log_id);
+            super::bind_all(sqlx::query(attempts::ANSWER_REFUSAL_SQL), values).execute(&mut **tx).await?;
+        }
+        done.push(result);
     }
     if let Some(tx) = tx {
         tx.commit().await?;
@@ -513,7 +585,7 @@ async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, Stor
     Ok(done)
 }
 
-fn reservations_json(rs: &[Reservation]) -> serde_json::Value {
+pub(super) fn reservations_json(rs: &[Reservation]) -> serde_json::Value {
     rs.iter()
         .map(|r| {
             serde_json::json!({"scope": r.scope, "window_start": r.window_start,
@@ -531,15 +603,7 @@ fn op_json(op: &WriteOp) -> serde_json::Value {
             serde_json::json!({"op": "release", "r": reservations_json(reservations)})
         }
         WriteOp::Record { entry, event, review, .. } => {
-            let e = entry;
-            let log = serde_json::json!({
-                "customer_id": e.customer_id, "instance_id": e.instance_id, "api_key_id": e.api_key_id,
-                "source": e.source, "purpose": e.purpose, "recipient": e.recipient,
-                "message_type": e.message_type, "decision": e.decision, "error_code": e.error_code,
-                "policy": e.policy, "reason": e.reason, "provider_message_id": e.provider_message_id,
-                "status": e.status, "created_at": e.created_at, "policy_trace": e.policy_trace,
-                "went_out": went_out(e),
-            });
+            let log = log_json(entry);
             let review = review.as_ref().map(|r| {
                 serde_json::json!({
                     "text": r.text, "policy": r.policy, "reason": r.reason, "risk_score": r.risk_score,
@@ -547,14 +611,11 @@ fn op_json(op: &WriteOp) -> serde_json::Value {
                     "pause_reason": r.pause_reason,
                 })
             });
-            let event = event.as_ref().map(|v| {
-                serde_json::json!({
-                    "customer_id": v.customer_id, "instance_id": v.instance_id, "event_type": v.event_type,
-                    "payload": v.payload.to_string(), "created_at": v.created_at,
-                })
-            });
+            let event = event.as_deref().map(outbox_json);
             serde_json::json!({"op": "record", "log": log, "event": event, "review": review})
         }
+        WriteOp::Begin { begin, .. } => attempts::begin_json(begin),
+        WriteOp::Finish { finish, .. } => attempts::finish_json(finish),
         WriteOp::PbxAdmit { admit, .. } => {
             let a = admit;
             let log = a.log.as_ref().map(|l| {
@@ -576,6 +637,26 @@ fn op_json(op: &WriteOp) -> serde_json::Value {
     }
 }
 
+/// A log row as the batch functions read it.
+pub(super) fn log_json(e: &LogEntry) -> serde_json::Value {
+    serde_json::json!({
+        "customer_id": e.customer_id, "instance_id": e.instance_id, "api_key_id": e.api_key_id,
+        "source": e.source, "purpose": e.purpose, "recipient": e.recipient,
+        "message_type": e.message_type, "decision": e.decision, "error_code": e.error_code,
+        "policy": e.policy, "reason": e.reason, "provider_message_id": e.provider_message_id,
+        "status": e.status, "created_at": e.created_at, "policy_trace": e.policy_trace,
+        "went_out": went_out(e),
+    })
+}
+
+/// An outbox event as the batch functions read it.
+pub(super) fn outbox_json(v: &OutboxEvent) -> serde_json::Value {
+    serde_json::json!({
+        "customer_id": v.customer_id, "instance_id": v.instance_id, "event_type": v.event_type,
+        "payload": v.payload.to_string(), "created_at": v.created_at,
+    })
+}
+
 fn done_from_json(op: &WriteOp, r: &serde_json::Value) -> Result<Done, StoreError> {
     let bad = || StoreError::Conflict(format!("unexpected write batch answer {r}"));
     Ok(match op {
@@ -585,6 +666,8 @@ fn done_from_json(op: &WriteOp, r: &serde_json::Value) -> Result<Done, StoreErro
             used: r["used"].as_i64().ok_or_else(bad)?,
         })),
         WriteOp::Release { .. } => Done::Release,
+        WriteOp::Begin { .. } => Done::Began(attempts::began_from_json(r).ok_or_else(bad)?),
+        WriteOp::Finish { .. } => Done::Finished(r["applied"] == true),
         WriteOp::Record { .. } => {
             Done::Record(Recorded { log_id: r["id"].as_i64().ok_or_else(bad)?, paused: r["paused"] == true })
         }

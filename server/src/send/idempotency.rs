@@ -1,0 +1,136 @@
+//! Idempotency keys of send-message (IETF httpapi idempotency-key draft, Stripe).
+//!
+//! A key is 1 to 255 printable ASCII characters, scoped to the customer and kept 24
+//! hours. The first request with a key claims it and runs the pipeline; its final
+//! answer is kept with its log row (see `store::attempts`). Another request with the
+//! same key and the same body gets that answer again and sends nothing; with another
+//! body it is refused (`idempotency_key_reused`); while the first runs it is told to
+//! wait (`idempotency_request_in_progress`). A first request whose process died is
+//! resolved with its attempt: before the provider call the key is free again once its
+//! lease ends; after it, the orphan sweep gives the key the answer of an unknown
+//! outcome, which is what the retry gets.
+
+use super::{Idempotency, SendError, Sent};
+use crate::store::{Answer, Claim, IdemOwner, Store, StoreError, now_ms};
+use gateway_api::SendMessageRequest;
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+
+/// The request header that carries the key.
+pub const HEADER: &str = "idempotency-key";
+/// The answer header that marks a replay.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// Why a key cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("Idempotency-Key must be 1 to 255 printable ASCII characters")]
+    Malformed,
+    #[error("Idempotency-Key was already used with a different request body")]
+    Reused,
+}
+
+/// What to do with a request that carries a key.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Run the pipeline holding this claim.
+    Run(Idempotency),
+    /// Answer this again (the key's first request finished).
+    Replay(Answer),
+    /// The key's first request is still running.
+    InProgress,
+}
+
+/// The key of a request, if it sent one: `Ok(None)` without the header.
+pub fn key_from(value: Option<&[u8]>) -> Result<Option<String>, KeyError> {
+    let Some(bytes) = value else { return Ok(None) };
+    if bytes.is_empty() || bytes.len() > 255 || !bytes.iter().all(|b| (0x20..=0x7e).contains(b)) {
+        return Err(KeyError::Malformed);
+    }
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// The fingerprint of a parsed request: the same for the same fields, whatever the
+/// JSON's spacing or key order.
+pub fn request_hash(r: &SendMessageRequest) -> String {
+    let mut h = Sha256::new();
+    for field in [
+        &r.instance_id,
+        &r.phone,
+        &r.message_purpose,
+        &r.message,
+        &r.media_type,
+        &r.mime_type,
+        &r.file_name,
+        &r.media,
+        &r.caption,
+    ] {
+        match field {
+            None => h.update([0u8]),
+            Some(value) => {
+                h.update([1u8]);
+                h.update((value.len() as u64).to_be_bytes());
+                h.update(value.as_bytes());
+            }
+        }
+    }
+    hex::encode(h.finalize())
+}
+
+/// Claims `key` for a request of `customer_id`. `provider_timeout` bounds how long a
+/// first request may still be at the provider; past it (plus the orphan margin) its
+/// attempt is an orphan and is settled here rather than answered 409 for ever.
+pub async fn claim(
+    store: &Store,
+    customer_id: &str,
+    key: String,
+    request: &SendMessageRequest,
+    render: fn(&Result<Sent, SendError>) -> Answer,
+    orphan_answer: &Answer,
+    provider_timeout: Duration,
+) -> Result<Result<Outcome, KeyError>, StoreError> {
+    let owner = IdemOwner { customer_id: customer_id.to_string(), key, owner: crate::store::new_id("req") };
+    let hash = request_hash(request);
+    let now = now_ms();
+    let claim = match store.claim_idempotency(&owner, &hash, now).await? {
+        Claim::InProgress { log_id: Some(_), since, .. }
+            if now > since + provider_timeout.as_millis() as i64 + super::ORPHAN_MARGIN_MS =>
+        {
+            // The first request may have died at the provider: settle orphans, look again.
+            store.sweep_orphans(now, orphan_answer).await?;
+            store.claim_idempotency(&owner, &hash, now).await?
+        }
+        claim => claim,
+    };
+    Ok(match claim {
+        Claim::Claimed => Ok(Outcome::Run(Idempotency { owner, render })),
+        Claim::Replay(answer) => Ok(Outcome::Replay(answer)),
+        Claim::Mismatch => Err(KeyError::Reused),
+        Claim::InProgress { .. } => Ok(Outcome::InProgress),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_one_to_255_printable_ascii() {
+        assert_eq!(key_from(None).unwrap(), None);
+        assert_eq!(key_from(Some(b"order-42")).unwrap().as_deref(), Some("order-42"));
+        assert_eq!(key_from(Some("k".repeat(255).as_bytes())).unwrap().map(|k| k.len()), Some(255));
+        for bad in [&b""[..], "k".repeat(256).as_bytes(), b"tab\there", b"caf\xc3\xa9", b"nl\n"] {
+            assert!(matches!(key_from(Some(bad)), Err(KeyError::Malformed)), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_tells_fields_apart() {
+        let a = SendMessageRequest { message: Some("ab".into()), caption: None, ..Default::default() };
+        let b = SendMessageRequest { message: Some("a".into()), caption: Some("b".into()), ..Default::default() };
+        let c = SendMessageRequest { message: Some("ab".into()), caption: Some(String::new()), ..Default::default() };
+        assert_ne!(request_hash(&a), request_hash(&b));
+        assert_ne!(request_hash(&a), request_hash(&c));
+        assert_eq!(request_hash(&a), request_hash(&a.clone()));
+    }
+}
