@@ -106,5 +106,8 @@ pub mod events {
     include!(concat!(env!("OUT_DIR"), "/events.rs"));
 }
 
+mod retry;
+pub use retry::{IDEMPOTENCY_KEY_HEADER, REPLAYED_HEADER, RetryPolicy, new_idempotency_key, was_replayed};
+
 mod webhook;
 pub use webhook::{SignatureError, sign_for_tests, verify_signature, verify_signature_at};

@@ -75,7 +75,8 @@ $$;
 --   finish {id, status, error_code, policy, reason, provider_message_id, went_out,
 --           instance_id, recipient, at, event | null, release: [...], answer | null}
 --          a pending row gets its outcome, its event, its contact and its released
---          counters; the key (linked to the row) gets the answer: {"applied": bool}.
+--          counters; the key (linked to the row) gets the answer, or is given up
+--          ({"release": true}): {"applied": bool}.
 CREATE OR REPLACE FUNCTION gateway_send_ops(ops jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     op jsonb;
@@ -140,7 +141,9 @@ BEGIN
                 UPDATE usage_counters u SET count = u.count - 1
                 FROM jsonb_array_elements(op->'release') AS x
                 WHERE u.scope = x->>'scope' AND u.window_start = (x->>'window_start')::bigint AND u.count > 0;
-                IF jsonb_typeof(op->'answer') = 'object' THEN
+                IF op->'answer'->>'release' = 'true' THEN
+                    DELETE FROM idempotency_keys WHERE log_id = (op->>'id')::bigint;
+                ELSIF jsonb_typeof(op->'answer') = 'object' THEN
                     UPDATE idempotency_keys SET response_status = (op->'answer'->>'status')::int,
                         response_body = op->'answer'->>'body', lease_until = NULL
                     WHERE log_id = (op->>'id')::bigint AND response_status IS NULL;

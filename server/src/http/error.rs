@@ -95,12 +95,10 @@ impl From<&SendError> for ApiError {
             SendError::Provider(p) => ApiError::new(502, code, "the message could not be delivered")
                 .with_detail("reason", p.code())
                 .with_internal(p.to_string()),
-            SendError::IdempotencyInProgress => ApiError::new(
-                409,
-                code,
-                "a request with this Idempotency-Key is in progress; retry after it finishes",
-            )
-            .with_detail("retry_after_seconds", 1),
+            SendError::IdempotencyInProgress => {
+                ApiError::new(409, code, "a request with this Idempotency-Key is in progress; retry after it finishes")
+                    .with_detail("retry_after_seconds", 1)
+            }
             SendError::Store(s) => ApiError::internal(s.to_string()),
         }
     }

@@ -13,7 +13,9 @@ use crate::send::{SendError, SendInput, Sender, idempotency};
 use crate::store::{Answer, Store, now_ms};
 use dropshot::{Body, HttpError, HttpResponseOk, Path, RequestContext, endpoint};
 use futures::FutureExt;
-use gateway_api::{ApiError, GatewayApi, JsonBody, PbxBody, PbxPath, PbxWebhookResponse, SendMessageRequest, SendReply};
+use gateway_api::{
+    ApiError, GatewayApi, JsonBody, PbxBody, PbxPath, PbxWebhookResponse, SendMessageRequest, SendReply,
+};
 use http::{HeaderMap, Response, StatusCode, header};
 use slog::{Logger, error, info};
 use std::collections::HashMap;
@@ -149,9 +151,8 @@ async fn send_message(
         idempotency: None,
     };
     let idem_key = idempotency::key_from(headers.get(idempotency::HEADER).map(|v| v.as_bytes()));
-    let idem_key = idem_key.map_err(|e| {
-        ApiError::new(422, "validation_error", e.to_string()).with_detail("field", "Idempotency-Key")
-    })?;
+    let idem_key = idem_key
+        .map_err(|e| ApiError::new(422, "validation_error", e.to_string()).with_detail("field", "Idempotency-Key"))?;
     if let Some(idem_key) = idem_key {
         let claimed = idempotency::claim(
             &state.store,
@@ -175,12 +176,14 @@ async fn send_message(
             }
             Err(e @ idempotency::KeyError::Reused) => {
                 info!(log, "send refused"; "error" => "idempotency_key_reused");
-                return Err(ApiError::new(422, "idempotency_key_reused", e.to_string())
-                    .with_detail("field", "Idempotency-Key"));
+                return Err(
+                    ApiError::new(422, "idempotency_key_reused", e.to_string()).with_detail("field", "Idempotency-Key")
+                );
             }
             Err(e @ idempotency::KeyError::Malformed) => {
-                return Err(ApiError::new(422, "validation_error", e.to_string())
-                    .with_detail("field", "Idempotency-Key"));
+                return Err(
+                    ApiError::new(422, "validation_error", e.to_string()).with_detail("field", "Idempotency-Key")
+                );
             }
         }
     }

@@ -25,8 +25,8 @@ use crate::config::Config;
 use crate::policy::{Decision, PolicyEngine, Stage, TraceEntry};
 use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance};
 use crate::store::{
-    Answer, Began, Begin, Customer, Finish, IdemOwner, Instance, LimitHit, LogEntry, OutboxEvent, PacingScopes,
-    PlanStatus, Reservation, ReviewItem, SendContext, Store, StoreError, now_ms,
+    Answer, Began, Begin, Customer, Finish, IdemOwner, Instance, KeyFate, LimitHit, LogEntry, OutboxEvent,
+    PacingScopes, PlanStatus, Reservation, ReviewItem, SendContext, Store, StoreError, now_ms,
 };
 use gateway_api::{MediaType, MessagePurpose, SendMessageRequest, events};
 use gateway_policy_model as model;
@@ -107,6 +107,17 @@ impl SendError {
             SendError::Provider(_) => "gateway_send_failed",
             SendError::IdempotencyInProgress => "idempotency_request_in_progress",
             SendError::Store(_) => "internal_error",
+        }
+    }
+
+    /// Whether the answer means "try again later" with nothing sent: throttling, a
+    /// quota, or a provider that proved it did not take the message. Such an answer
+    /// is not kept for an idempotency key, so a retry with the key runs again.
+    pub fn retry_later(&self) -> bool {
+        match self {
+            SendError::Throttled { .. } | SendError::DailyLimit { .. } | SendError::MonthlyLimit { .. } => true,
+            SendError::Provider(p) => !p.outcome_unknown(),
+            _ => false,
         }
     }
 
@@ -223,7 +234,14 @@ impl Sender {
         };
         let result = self.run(&mut attempt).await;
         let now = now_ms();
-        let render = |result: &Result<Sent, SendError>| input.idempotency.as_ref().map(|i| (i.render)(result));
+        // What becomes of the request's key: the answer kept, or the key given up when
+        // the answer says "try again" and nothing was sent.
+        let render = |result: &Result<Sent, SendError>| {
+            input.idempotency.as_ref().map(|i| match result {
+                Err(e) if e.retry_later() => KeyFate::Release,
+                result => KeyFate::Keep((i.render)(result)),
+            })
+        };
         match (result, attempt.log_id) {
             (Ok(receipt), Some(log_id)) => {
                 let event = self.event(&attempt, now, events::MessageSent::NAME, |base, to, message_purpose| {
@@ -282,7 +300,9 @@ impl Sender {
             // Not an attempt of its own: the key's first request answers for it.
             (Err(SendError::IdempotencyInProgress), _) => Err(SendError::IdempotencyInProgress),
             (Err(error @ SendError::Store(_)), _) => Err(error),
-            (Ok(_), None) => Err(SendError::Store(StoreError::Conflict("a send went out without its attempt row".into()))),
+            (Ok(_), None) => {
+                Err(SendError::Store(StoreError::Conflict("a send went out without its attempt row".into())))
+            }
             (Err(error), _) => {
                 let mut entry = self.entry(&attempt, now);
                 entry.decision = "refused".into();

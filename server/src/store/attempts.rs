@@ -29,6 +29,17 @@ pub struct Answer {
     pub body: String,
 }
 
+/// What becomes of a request's idempotency key when its answer is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyFate {
+    /// The answer is final: kept and replayed for the same key and body.
+    Keep(Answer),
+    /// The answer says "try again" and nothing was sent (throttled, over quota, a
+    /// provider that proved it did not take the message): the key is given up, so a
+    /// retry with it runs again.
+    Release,
+}
+
 /// The idempotency claim a request holds: its key and the token that proves it is the
 /// claim's owner.
 #[derive(Clone, Debug)]
@@ -92,8 +103,8 @@ pub struct Finish {
     pub event: Option<OutboxEvent>,
     /// Counters to give back (a clean failure).
     pub release: Vec<Reservation>,
-    /// The answer to keep for the request's idempotency key.
-    pub answer: Option<Answer>,
+    /// What becomes of the request's idempotency key.
+    pub answer: Option<KeyFate>,
 }
 
 /// How long a claimed key may take to reach its attempt row before another request
@@ -118,7 +129,7 @@ const OWNED_SQL: &str = "SELECT 1 FROM idempotency_keys WHERE customer_id = $1 A
 const LINK_SQL: &str =
     "UPDATE idempotency_keys SET log_id = $3, lease_until = NULL WHERE customer_id = $1 AND idem_key = $2";
 /// The answer of a refused request, kept with its log row.
-pub(super) const ANSWER_REFUSAL_SQL: &str = "UPDATE idempotency_keys SET response_status = $4, response_body = $5, \
+const ANSWER_REFUSAL_SQL: &str = "UPDATE idempotency_keys SET response_status = $4, response_body = $5, \
      log_id = $6, lease_until = NULL WHERE customer_id = $1 AND idem_key = $2 AND owner = $3 \
      AND response_status IS NULL";
 const INSERT_PENDING_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
@@ -127,6 +138,10 @@ const INSERT_PENDING_SQL: &str = "INSERT INTO message_log (customer_id, instance
      RETURNING id";
 const FINISH_SQL: &str = "UPDATE message_log SET status = $2, error_code = $3, policy = $4, reason = $5, \
      provider_message_id = $6, deadline_at = NULL WHERE id = $1 AND status = 'pending'";
+const RELEASE_SQL: &str = "DELETE FROM idempotency_keys WHERE log_id = $1";
+/// A refused request gives its key up (see `KeyFate::Release`).
+pub(super) const RELEASE_REFUSAL_SQL: &str =
+    "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND owner = $3";
 const ANSWER_SQL: &str = "UPDATE idempotency_keys SET response_status = $2, response_body = $3, lease_until = NULL \
      WHERE log_id = $1 AND response_status IS NULL";
 const ORPHAN_KEYS_SQL: &str = "UPDATE idempotency_keys SET response_status = $1, response_body = $2, \
@@ -141,12 +156,7 @@ pub const ORPHAN_REASON: &str = "the gateway stopped while the provider call was
 impl Store {
     /// Claims `key` for a request whose parsed body hashes to `request_hash`; `owner`
     /// is the request's own token.
-    pub async fn claim_idempotency(
-        &self,
-        idem: &IdemOwner,
-        request_hash: &str,
-        now: i64,
-    ) -> Result<Claim, StoreError> {
+    pub async fn claim_idempotency(&self, idem: &IdemOwner, request_hash: &str, now: i64) -> Result<Claim, StoreError> {
         let params = vec![
             SqlValue::Text(idem.customer_id.clone()),
             SqlValue::Text(idem.key.clone()),
@@ -161,12 +171,8 @@ impl Store {
         if rows.first().copied().unwrap_or(0) > 0 {
             return Ok(Claim::Claimed);
         }
-        let row = sqlx::query(KEY_SQL)
-            .bind(&idem.customer_id)
-            .bind(&idem.key)
-            .bind(now)
-            .fetch_optional(&self.read)
-            .await?;
+        let row =
+            sqlx::query(KEY_SQL).bind(&idem.customer_id).bind(&idem.key).bind(now).fetch_optional(&self.read).await?;
         // Expired between the two statements: claim it again.
         let Some(row) = row else { return Box::pin(self.claim_idempotency(idem, request_hash, now)).await };
         let hash: String = row.try_get("request_hash")?;
@@ -267,15 +273,20 @@ fn owner_values(idem: &IdemOwner) -> [SqlValue; 3] {
     [SqlValue::Text(idem.customer_id.clone()), SqlValue::Text(idem.key.clone()), SqlValue::Text(idem.owner.clone())]
 }
 
-/// The values of `ANSWER_REFUSAL_SQL`.
-pub(super) fn refusal_answer_values(idem: &IdemOwner, answer: &Answer, log_id: i64) -> Vec<SqlValue> {
+/// The statement and values that settle a refused request's key.
+pub(super) fn refusal_key(idem: &IdemOwner, fate: &KeyFate, log_id: i64) -> (&'static str, Vec<SqlValue>) {
     let mut values = owner_values(idem).to_vec();
-    values.extend([
-        SqlValue::Integer(i64::from(answer.status)),
-        SqlValue::Text(answer.body.clone()),
-        SqlValue::Integer(log_id),
-    ]);
-    values
+    match fate {
+        KeyFate::Release => (RELEASE_REFUSAL_SQL, values),
+        KeyFate::Keep(answer) => {
+            values.extend([
+                SqlValue::Integer(i64::from(answer.status)),
+                SqlValue::Text(answer.body.clone()),
+                SqlValue::Integer(log_id),
+            ]);
+            (ANSWER_REFUSAL_SQL, values)
+        }
+    }
 }
 
 /// `finish` on SQLite, inside the writer's transaction.
@@ -304,7 +315,10 @@ pub(super) fn sqlite_finish(tx: &rusqlite::Transaction<'_>, f: &Finish) -> Resul
         super::writer::sqlite_contact(tx, instance, phone, f.at)?;
     }
     super::writer::sqlite_release(tx, &f.release)?;
-    if let Some(answer) = &f.answer {
+    if let Some(KeyFate::Release) = &f.answer {
+        tx.prepare_cached(RELEASE_SQL)?.execute([f.log_id])?;
+    }
+    if let Some(KeyFate::Keep(answer)) = &f.answer {
         let mut keep = tx.prepare_cached(ANSWER_SQL)?;
         bind_dollar(
             &mut keep,
@@ -325,7 +339,8 @@ fn went_out(status: &str) -> bool {
 
 /// `begin` as an op of `gateway_send_ops` (PostgreSQL, migration 0008).
 pub(super) fn begin_json(b: &Begin) -> serde_json::Value {
-    let idem = b.idem.as_ref().map(|i| serde_json::json!({"customer_id": i.customer_id, "key": i.key, "owner": i.owner}));
+    let idem =
+        b.idem.as_ref().map(|i| serde_json::json!({"customer_id": i.customer_id, "key": i.key, "owner": i.owner}));
     serde_json::json!({"op": "begin", "r": super::writer::reservations_json(&b.reservations),
                        "log": super::writer::log_json(&b.entry), "deadline_at": b.deadline_at, "idem": idem})
 }
@@ -338,7 +353,10 @@ pub(super) fn finish_json(f: &Finish) -> serde_json::Value {
         "instance_id": f.instance_id, "recipient": f.recipient, "at": f.at,
         "event": f.event.as_ref().map(super::writer::outbox_json),
         "release": super::writer::reservations_json(&f.release),
-        "answer": f.answer.as_ref().map(|a| serde_json::json!({"status": a.status, "body": a.body})),
+        "answer": f.answer.as_ref().map(|fate| match fate {
+            KeyFate::Keep(a) => serde_json::json!({"status": a.status, "body": a.body}),
+            KeyFate::Release => serde_json::json!({"release": true}),
+        }),
     })
 }
 

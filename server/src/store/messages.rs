@@ -1,6 +1,6 @@
 //! The message log (one row per send attempt) and the event outbox.
 
-use super::attempts::{Answer, IdemOwner};
+use super::attempts::{IdemOwner, KeyFate};
 use super::writer::WriteOp;
 use super::{Cols, FromCols, Store, StoreError};
 use sqlx::Row;
@@ -117,7 +117,7 @@ impl Store {
         entry: &LogEntry,
         event: Option<&OutboxEvent>,
         review: Option<&ReviewItem>,
-        answer: Option<(IdemOwner, Answer)>,
+        answer: Option<(IdemOwner, KeyFate)>,
     ) -> Result<Recorded, StoreError> {
         let entry = Box::new(entry.clone());
         let event = event.cloned().map(Box::new);

@@ -26,7 +26,9 @@ mod policies;
 mod webhooks;
 mod writer;
 
-pub use attempts::{Answer, Began, Begin, CLAIM_LEASE_MS, Claim, Finish, IdemOwner, KEY_TTL_MS, ORPHAN_REASON};
+pub use attempts::{
+    Answer, Began, Begin, CLAIM_LEASE_MS, Claim, Finish, IdemOwner, KEY_TTL_MS, KeyFate, ORPHAN_REASON,
+};
 pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, SendContext};
 pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};

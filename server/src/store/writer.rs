@@ -21,7 +21,7 @@
 //! one round trip and one commit per batch, where a statement per write cost a round
 //! trip each and kept the writer busy (measured in BENCHMARKS.md).
 
-use super::attempts::{self, Answer, Began, Begin, Finish, IdemOwner};
+use super::attempts::{self, Began, Begin, Finish, IdemOwner, KeyFate};
 use super::counters::{LimitHit, Reservation};
 use super::messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};
 use super::pbx::{Admission, PbxAdmit, PbxEvent};
@@ -52,7 +52,7 @@ pub(super) enum WriteOp {
         entry: Box<LogEntry>,
         event: Option<Box<OutboxEvent>>,
         review: Option<Box<ReviewItem>>,
-        answer: Option<Box<(IdemOwner, Answer)>>,
+        answer: Option<Box<(IdemOwner, KeyFate)>>,
         reply: Reply<Recorded>,
     },
     /// The counters and pending row of an allowed send (see `attempts`).
@@ -265,10 +265,11 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &[WriteOp]) -> Result<Ve
             }
             WriteOp::Record { entry, event, review, answer, .. } => {
                 let recorded = sqlite_record(&tx, entry, event.as_deref(), review.as_deref())?;
-                if let Some((idem, answer)) = answer.as_deref() {
-                    let mut keep = tx.prepare_cached(attempts::ANSWER_REFUSAL_SQL)?;
-                    bind_dollar(&mut keep, &attempts::refusal_answer_values(idem, answer, recorded.log_id))?;
-                    keep.raw_execute()?;
+                if let Some((idem, fate)) = answer.as_deref() {
+                    let (sql, values) = attempts::refusal_key(idem, fate, recorded.log_id);
+                    let mut settle = tx.prepare_cached(sql)?;
+                    bind_dollar(&mut settle, &values)?;
+                    settle.raw_execute()?;
                 }
                 Done::Record(recorded)
             }
@@ -502,11 +503,8 @@ async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, Stor
     let is_finish = |op: &&WriteOp| matches!(op, WriteOp::Exec { finish: Some(_), .. });
     let is_exec = |op: &&WriteOp| matches!(op, WriteOp::Exec { finish: None, .. });
     let has_answer = |op: &&WriteOp| matches!(op, WriteOp::Record { answer: Some(_), .. });
-    let ops: Vec<serde_json::Value> = batch
-        .iter()
-        .filter(|op| !is_pbx(op) && !is_send(op) && !is_exec(op) && !is_finish(op))
-        .map(op_json)
-        .collect();
+    let ops: Vec<serde_json::Value> =
+        batch.iter().filter(|op| !is_pbx(op) && !is_send(op) && !is_exec(op) && !is_finish(op)).map(op_json).collect();
     let pbx: Vec<serde_json::Value> = batch.iter().filter(is_pbx).map(op_json).collect();
     let send: Vec<serde_json::Value> = batch.iter().filter(is_send).map(op_json).collect();
     let finishes: Vec<serde_json::Value> = batch
@@ -519,8 +517,7 @@ async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, Stor
     // Without plain `Exec` writes (or kept answers) the batch is one statement: one
     // round trip, its own transaction. With them, a transaction around that statement
     // and theirs.
-    let mut tx =
-        if batch.iter().any(|op| is_exec(&op) || has_answer(&op)) { Some(pool.begin().await?) } else { None };
+    let mut tx = if batch.iter().any(|op| is_exec(&op) || has_answer(&op)) { Some(pool.begin().await?) } else { None };
     let (mut results, mut pbx_results, mut send_results) =
         if ops.is_empty() && pbx.is_empty() && finishes.is_empty() && send.is_empty() {
             (Vec::new().into_iter(), Vec::new().into_iter(), Vec::new().into_iter())
@@ -572,10 +569,10 @@ async fn sqlx_batch(pool: &AnyPool, batch: &[WriteOp]) -> Result<Vec<Done>, Stor
         let r = r.ok_or_else(|| StoreError::Conflict("write batch answered fewer writes".into()))?;
         let result = done_from_json(op, &r)?;
         if let (WriteOp::Record { answer: Some(answer), .. }, Done::Record(recorded)) = (op, &result) {
-            let (idem, answer) = answer.as_ref();
+            let (idem, fate) = answer.as_ref();
             let tx = tx.as_mut().ok_or_else(|| StoreError::Conflict("no transaction for a write".into()))?;
-            let values = attempts::refusal_answer_values(idem, answer, recorded.log_id);
-            super::bind_all(sqlx::query(attempts::ANSWER_REFUSAL_SQL), values).execute(&mut **tx).await?;
+            let (sql, values) = attempts::refusal_key(idem, fate, recorded.log_id);
+            super::bind_all(sqlx::query(sql), values).execute(&mut **tx).await?;
         }
         done.push(result);
     }
