@@ -611,6 +611,66 @@ async fn a_repeated_external_message_id_gets_the_first_answer_and_sends_nothing(
     cx.teardown().await;
 }
 
+#[tokio::test]
+async fn an_external_message_id_orphaned_by_a_dead_process_gets_a_definite_answer_at_once() {
+    use gateway_server::store::{Began, Begin, IdemOwner, LogEntry, PbxEvent};
+    let (cx, provider) = recording_context("pbx_orphan").await;
+    let pbx = integration(&cx, false).await;
+    let past = now_ms() - 60_000;
+    let orphan = |external: &str| PbxEvent {
+        integration_id: pbx.id,
+        customer_id: cx.tenant.customer_id.clone(),
+        event_type: "outbound_message".into(),
+        action: "pending".into(),
+        phone: Some("+14155550410".into()),
+        external_message_id: Some(external.into()),
+        created_at: past,
+        ..PbxEvent::default()
+    };
+    // Killed before its send: nothing went out, so the repeat runs the event itself.
+    assert!(cx.store().claim_pbx_external_id(&orphan("3cx-dead-1")).await.unwrap().is_ok());
+    let body = json!({"event_type": "outbound_message", "to": "+14155550410", "message_text": "On our way",
+                      "external_message_id": "3cx-dead-1"});
+    let started = std::time::Instant::now();
+    ok(event(&cx, &pbx, &body).await, "message_sent");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "no wait for a dead request");
+    assert_eq!(provider.texts().len(), 1);
+    ok(event(&cx, &pbx, &body).await, "message_sent");
+    assert_eq!(provider.texts().len(), 1, "the repeat of the new answer sends nothing");
+
+    // Killed at the provider: its attempt row is pending, so the outcome is unknown.
+    assert!(cx.store().claim_pbx_external_id(&orphan("3cx-dead-2")).await.unwrap().is_ok());
+    let key = IdemOwner {
+        customer_id: cx.tenant.customer_id.clone(),
+        key: format!("pbx:{}:3cx-dead-2", pbx.id),
+        owner: "req_dead".into(),
+    };
+    cx.store().claim_idempotency(&key, "pbx", past).await.unwrap();
+    let entry = LogEntry {
+        customer_id: cx.tenant.customer_id.clone(),
+        instance_id: Some(cx.tenant.instance_id.clone()),
+        source: "pbx".into(),
+        recipient: Some("+14155550411".into()),
+        decision: "allowed".into(),
+        status: "pending".into(),
+        created_at: past,
+        ..LogEntry::default()
+    };
+    let begin = Begin { reservations: Vec::new(), entry, deadline_at: past + 1_000, idem: Some(key) };
+    assert!(matches!(cx.store().begin_attempt(begin).await.unwrap(), Began::Written(_)));
+    let body = json!({"event_type": "outbound_message", "to": "+14155550411", "message_text": "On our way",
+                      "external_message_id": "3cx-dead-2"});
+    let started = std::time::Instant::now();
+    let unknown = expect_raw(event(&cx, &pbx, &body).await, 502, "gateway_send_failed");
+    assert_eq!(unknown["details"]["reason"], "provider_outcome_unknown");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3));
+    assert_eq!(expect_raw(event(&cx, &pbx, &body).await, 502, "gateway_send_failed"), unknown);
+    assert_eq!(provider.texts().len(), 1, "never sent again");
+    let log = cx.store().recent_log(&cx.tenant.customer_id, 10).await.unwrap();
+    assert!(log.iter().any(|(_, e)| e.source == "pbx" && e.status == "unknown"));
+    cx.teardown().await;
+}
+
 /// Denies, at the content stage, any text with "SALE" in it.
 struct NoSales;
 

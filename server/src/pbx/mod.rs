@@ -20,8 +20,9 @@ pub mod auth;
 pub mod template;
 
 use crate::config::PbxSettings;
-use crate::send::{SendInput, Sender, phone};
-use crate::store::{Admission, PbxAdmit, PbxEvent, PbxIntegration, RateCheck, Store, now_ms};
+use crate::provider::ProviderError;
+use crate::send::{SendError, SendInput, Sender, phone};
+use crate::store::{Admission, Claim, IdemOwner, PbxAdmit, PbxEvent, PbxIntegration, RateCheck, Store, now_ms};
 use auth::AuthFailure;
 use gateway_api::{ApiError, ErrorBody, MessagePurpose, PbxEventType, PbxWebhookRequest, PbxWebhookResponse};
 use http::HeaderMap;
@@ -158,8 +159,8 @@ impl Webhook<'_> {
             }
             Plan::Send(outgoing) => outgoing,
         };
-        let claim = match &outgoing.external_id {
-            None => None,
+        let (claim, attempt_key) = match &outgoing.external_id {
+            None => (None, None),
             Some(external) => {
                 let pending = PbxEvent {
                     action: "pending".into(),
@@ -167,16 +168,19 @@ impl Webhook<'_> {
                     external_message_id: Some(external.clone()),
                     ..base.clone()
                 };
-                match self.store.claim_pbx_external_id(&pending).await? {
-                    Ok(row_id) => Some(row_id),
-                    Err(first) => {
-                        info!(log, "pbx event repeated"; "event_type" => &event_name, "first_event" => first.id);
-                        return self.repeat(first).await;
-                    }
-                }
+                let row_id = self.claim_external_id(&pending, &event_name, &outgoing, &log).await?;
+                let row_id = match row_id {
+                    Ok(row_id) => row_id,
+                    Err(answer) => return answer,
+                };
+                // The attempt's key: how a repeat finds whether a crashed first request
+                // reached the provider (see `repeat`).
+                let key = attempt_key(&integration, external);
+                let claimed = self.store.claim_idempotency(&key, "pbx", now).await?;
+                (Some(row_id), (claimed == Claim::Claimed).then_some(key))
             }
         };
-        let result = self.send(&integration, &event_name, &outgoing, now, &log).await;
+        let result = self.send(&integration, &event_name, &outgoing, attempt_key, now, &log).await;
         let result = result.map(|(action, message_id)| response(action, message_id));
         let row = PbxEvent {
             phone: Some(outgoing.phone.clone()),
@@ -329,12 +333,38 @@ impl Webhook<'_> {
         }
     }
 
+    /// Claims an `external_message_id` for this request: `Ok(Ok(row))`, or the answer
+    /// of the first request with it (`Ok(Err(answer))`). A first request orphaned
+    /// before it reached the provider is cleared once, and the id claimed again.
+    async fn claim_external_id(
+        &self,
+        pending: &PbxEvent,
+        event_name: &str,
+        outgoing: &Outgoing,
+        log: &Logger,
+    ) -> Result<Result<i64, Result<PbxWebhookResponse, ApiError>>, ApiError> {
+        for _ in 0..2 {
+            match self.store.claim_pbx_external_id(pending).await? {
+                Ok(row_id) => return Ok(Ok(row_id)),
+                Err(first) => {
+                    info!(log, "pbx event repeated"; "event_type" => event_name, "first_event" => first.id);
+                    match self.repeat(first, outgoing.phone_field).await? {
+                        Repeat::Answer(answer) => return Ok(Err(answer)),
+                        Repeat::Cleared => continue,
+                    }
+                }
+            }
+        }
+        Err(ApiError::internal("the external_message_id could not be claimed"))
+    }
+
     /// Window, cooldown and the send pipeline; the action and the message id.
     async fn send(
         &self,
         integration: &PbxIntegration,
         event: &str,
         out: &Outgoing,
+        attempt_key: Option<IdemOwner>,
         now: i64,
         log: &Logger,
     ) -> Result<(&'static str, Option<String>), ApiError> {
@@ -361,7 +391,8 @@ impl Webhook<'_> {
                 message: Some(out.text.clone()),
                 ..Default::default()
             },
-            idempotency: None,
+            idempotency: attempt_key
+                .map(|owner| crate::send::Idempotency { owner, render: crate::http::error::send_answer }),
         };
         match self.sender.send(&input).await {
             Ok(sent) => Ok(("message_sent", Some(sent.message_id))),
@@ -380,30 +411,77 @@ impl Webhook<'_> {
         }
     }
 
-    /// The answer of the first request with this `external_message_id`, once it has one.
-    async fn repeat(&self, first: PbxEvent) -> Result<PbxWebhookResponse, ApiError> {
+    /// The answer of the first request with this `external_message_id`, once it has
+    /// one. A first request still pending long after its send would have ended
+    /// belonged to a process that stopped: it is resolved at once, with its attempt.
+    /// If the attempt reached the provider, the answer is an unknown outcome (502
+    /// `provider_outcome_unknown`, kept for later repeats); if it never got there,
+    /// nothing was sent and the id is cleared for this request to run.
+    async fn repeat(&self, first: PbxEvent, phone_field: &'static str) -> Result<Repeat, ApiError> {
         let deadline = tokio::time::Instant::now() + self.pending_wait;
+        let orphaned_after = self.pending_wait.as_millis() as i64 + crate::send::ORPHAN_MARGIN_MS;
         let mut event = first;
         while event.status_code == 0 {
+            if now_ms() - event.created_at > orphaned_after {
+                return self.resolve_orphan(&event, phone_field).await;
+            }
             if tokio::time::Instant::now() >= deadline {
-                return Err(ApiError::internal("the first request with this external_message_id is still running"));
+                let e = ApiError::internal("the first request with this external_message_id is still running");
+                return Ok(Repeat::Answer(Err(e)));
             }
             tokio::time::sleep(PENDING_POLL).await;
             let external = event.external_message_id.clone().unwrap_or_default();
             match self.store.pbx_event_by_external_id(event.integration_id, &external).await? {
                 Some(e) => event = e,
                 // The first request failed unexpectedly and gave the id back.
-                None => return Err(ApiError::internal("the first request with this external_message_id failed")),
+                None => return Ok(Repeat::Cleared),
             }
         }
         let stored = event.response.as_deref().unwrap_or("{}");
-        if event.status_code == 200 {
+        Ok(Repeat::Answer(if event.status_code == 200 {
             serde_json::from_str(stored).map_err(|e| ApiError::internal(format!("stored PBX answer: {e}")))
         } else {
             let body: ErrorBody =
                 serde_json::from_str(stored).map_err(|e| ApiError::internal(format!("stored PBX answer: {e}")))?;
             Err(ApiError::from_stored(event.status_code as u16, body))
+        }))
+    }
+
+    /// Settles a PBX event whose request's process stopped (see `repeat`).
+    async fn resolve_orphan(&self, event: &PbxEvent, phone_field: &'static str) -> Result<Repeat, ApiError> {
+        let external = event.external_message_id.clone().unwrap_or_default();
+        let key = format!("pbx:{}:{external}", event.integration_id);
+        let attempt = self.store.idempotency_attempt(&event.customer_id, &key).await?;
+        if attempt.is_none() {
+            warn!(self.log, "pbx event orphaned before its send; running it again"; "first_event" => event.id);
+            self.store.release_pbx_event(event.id).await?;
+            self.store.release_idempotency(&event.customer_id, &key).await?;
+            return Ok(Repeat::Cleared);
         }
+        warn!(self.log, "pbx event orphaned at the provider; its outcome is unknown"; "first_event" => event.id);
+        self.store.sweep_orphans(now_ms(), &crate::http::error::orphan_answer()).await?;
+        let unknown = ProviderError::OutcomeUnknown(crate::store::ORPHAN_REASON.into());
+        let e = crate::http::error::pbx_send_error(SendError::Provider(unknown), phone_field);
+        let row = PbxEvent { external_message_id: Some(external), ..outcome_row(event, "refused", Err(&e)) };
+        self.store.finish_pbx_event(event.id, &row).await?;
+        Ok(Repeat::Answer(Err(e)))
+    }
+}
+
+/// What a repeat of an `external_message_id` found.
+enum Repeat {
+    /// The first request's answer.
+    Answer(Result<PbxWebhookResponse, ApiError>),
+    /// The first request is gone and sent nothing: claim the id again.
+    Cleared,
+}
+
+/// The idempotency key of the send an `external_message_id` causes.
+fn attempt_key(integration: &PbxIntegration, external: &str) -> IdemOwner {
+    IdemOwner {
+        customer_id: integration.customer_id.clone(),
+        key: format!("pbx:{}:{external}", integration.id),
+        owner: crate::store::new_id("req"),
     }
 }
 

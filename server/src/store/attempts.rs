@@ -225,6 +225,25 @@ impl Store {
         Ok(rows.get(1).copied().unwrap_or(0))
     }
 
+    /// The attempt row a key's request wrote, if it got that far.
+    pub async fn idempotency_attempt(&self, customer_id: &str, key: &str) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query("SELECT log_id FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2")
+            .bind(customer_id)
+            .bind(key)
+            .fetch_optional(&self.read)
+            .await?;
+        Ok(row.map(|r| r.try_get::<Option<i64>, _>("log_id")).transpose()?.flatten())
+    }
+
+    /// Gives up a key whose request never wrote its attempt row (nothing was sent).
+    pub async fn release_idempotency(&self, customer_id: &str, key: &str) -> Result<(), StoreError> {
+        let statements = vec![Statement {
+            sql: "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND log_id IS NULL",
+            params: vec![SqlValue::Text(customer_id.into()), SqlValue::Text(key.into())],
+        }];
+        self.write_op(|reply| WriteOp::Exec { statements, finish: None, reply }).await.map(|_| ())
+    }
+
     /// Deletes idempotency keys past their 24 hours; returns how many.
     pub async fn prune_idempotency(&self, now: i64) -> Result<u64, StoreError> {
         let done =
