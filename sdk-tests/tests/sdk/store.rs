@@ -30,3 +30,26 @@ async fn one_bad_write_in_a_batch_fails_alone() {
     assert_eq!(cx.store().recent_log(&cx.tenant.customer_id, 100).await.unwrap().len(), 50);
     cx.teardown().await;
 }
+
+/// Two owners demoting (or removing) each other at the same moment: one of them wins,
+/// and the customer always keeps an owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_owners_demoting_each_other_at_once_leave_one_owner() {
+    let cx = TestContext::new("last_owner").await;
+    let store = cx.store();
+    let customer = cx.tenant.customer_id.as_str();
+    let a = store.create_dashboard_user(Some(customer), "a@example.com", "owner", "test").await.unwrap();
+    let b = store.create_dashboard_user(Some(customer), "b@example.com", "owner", "test").await.unwrap();
+    for round in 0..10 {
+        let (x, y) = tokio::join!(store.set_user_role(&a.id, "admin"), store.set_user_role(&b.id, "admin"));
+        assert_eq!([x.unwrap(), y.unwrap()].iter().filter(|d| **d).count(), 1, "round {round}: one demotion");
+        assert_eq!(store.active_owner_count(customer).await.unwrap(), 1);
+        assert!(
+            store.set_user_role(&a.id, "owner").await.unwrap() && store.set_user_role(&b.id, "owner").await.unwrap()
+        );
+    }
+    let (x, y) = tokio::join!(store.disable_user(&a.id), store.disable_user(&b.id));
+    assert_eq!([x.unwrap(), y.unwrap()].iter().filter(|d| **d).count(), 1, "one removal");
+    assert_eq!(store.active_owner_count(customer).await.unwrap(), 1);
+    cx.teardown().await;
+}

@@ -164,14 +164,10 @@ async fn manageable(rqctx: &Ctx, viewer: &Viewer, id: &str) -> Result<DashUser, 
     Ok(user)
 }
 
-/// Refuses a change that would leave the customer without an active owner.
-async fn keep_an_owner(rqctx: &Ctx, user: &DashUser) -> Result<(), DashError> {
-    if user.role == "owner"
-        && rqctx.context().store.active_owner_count(user.customer_id.as_deref().unwrap_or("")).await? <= 1
-    {
-        return Err(DashError::BadRequest("The account needs at least one owner.".into()));
-    }
-    Ok(())
+/// A change the store refused because it would leave the customer without an active
+/// owner (checked in the same write, so two owners demoting each other cannot both).
+fn keep_an_owner(done: bool) -> Result<(), DashError> {
+    if done { Ok(()) } else { Err(DashError::BadRequest("The account needs at least one owner.".into())) }
 }
 
 /// Changes a user's role.
@@ -183,10 +179,7 @@ async fn role_post(rqctx: Ctx, path: Path<UserPath>, body: UntypedBody) -> Resul
         let user = manageable(&rqctx, &viewer, &path.into_inner().id).await?;
         let role = Role::parse(form.get("role")).filter(|r| viewer.role.may_manage_role(*r) && *r != Role::Operator);
         let role = role.ok_or(DashError::Forbidden)?;
-        if role != Role::Owner {
-            keep_an_owner(&rqctx, &user).await?;
-        }
-        rqctx.context().store.set_user_role(&user.id, role.as_str()).await?;
+        keep_an_owner(rqctx.context().store.set_user_role(&user.id, role.as_str()).await?)?;
         info!(rqctx.log, "user role changed"; "by" => &viewer.user.id, "user_id" => &user.id, "role" => role.as_str());
         Ok(redirect("/users?done=role"))
     })
@@ -200,8 +193,7 @@ async fn remove_post(rqctx: Ctx, path: Path<UserPath>, body: UntypedBody) -> Res
         let form = Form::parse(&rqctx, &body)?;
         let viewer = session::post_viewer(&rqctx, &form, Action::ManageUsers).await?;
         let user = manageable(&rqctx, &viewer, &path.into_inner().id).await?;
-        keep_an_owner(&rqctx, &user).await?;
-        rqctx.context().store.disable_user(&user.id).await?;
+        keep_an_owner(rqctx.context().store.disable_user(&user.id).await?)?;
         info!(rqctx.log, "user removed"; "by" => &viewer.user.id, "user_id" => &user.id);
         Ok(redirect("/users?done=removed"))
     })

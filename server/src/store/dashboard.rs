@@ -81,6 +81,12 @@ pub struct Throttled {
 /// Length of the throttle's observation window.
 pub const THROTTLE_WINDOW_MS: i64 = 3_600_000;
 
+/// The condition, on the row of `dashboard_users` being changed, that the change keeps
+/// an active owner: the row is not an active owner, or another active owner exists.
+const KEEPS_AN_OWNER: &str = "(role <> 'owner' OR disabled_at IS NOT NULL OR EXISTS (SELECT 1 FROM dashboard_users o \
+     WHERE o.customer_id = dashboard_users.customer_id AND o.role = 'owner' AND o.disabled_at IS NULL \
+     AND o.id <> dashboard_users.id))";
+
 impl Store {
     /// Creates an account (no password yet). Conflict when the email is taken.
     pub async fn create_dashboard_user(
@@ -172,24 +178,40 @@ impl Store {
         .try_get("n")?)
     }
 
-    /// Changes an account's role.
-    pub async fn set_user_role(&self, id: &str, role: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE dashboard_users SET role = $2 WHERE id = $1")
-            .bind(id)
-            .bind(role)
-            .execute(&self.write)
-            .await?;
-        Ok(())
+    /// Changes an account's role; `false` (nothing changed) when it would leave the
+    /// customer without an active owner. Exact under concurrency: on PostgreSQL the
+    /// customer's row is locked first, so two owners demoting each other at once take
+    /// turns and the second sees the first's change; on SQLite the one statement runs
+    /// alone.
+    pub async fn set_user_role(&self, id: &str, role: &str) -> Result<bool, StoreError> {
+        let mut tx = self.write.begin().await?;
+        self.lock_customer_of_user(&mut tx, id).await?;
+        let done = sqlx::query(&format!(
+            "UPDATE dashboard_users SET role = $2 WHERE id = $1 AND ($2 = 'owner' OR {KEEPS_AN_OWNER})"
+        ))
+        .bind(id)
+        .bind(role)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// Disables an account: its sessions, unused links and known browsers end at once.
-    pub async fn disable_user(&self, id: &str) -> Result<(), StoreError> {
+    /// `false` (nothing changed) when it is the customer's last active owner.
+    pub async fn disable_user(&self, id: &str) -> Result<bool, StoreError> {
         let mut tx = self.write.begin().await?;
-        sqlx::query("UPDATE dashboard_users SET disabled_at = COALESCE(disabled_at, $2) WHERE id = $1")
-            .bind(id)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await?;
+        self.lock_customer_of_user(&mut tx, id).await?;
+        let done = sqlx::query(&format!(
+            "UPDATE dashboard_users SET disabled_at = COALESCE(disabled_at, $2) WHERE id = $1 AND {KEEPS_AN_OWNER}"
+        ))
+        .bind(id)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
         for sql in [
             "DELETE FROM dashboard_sessions WHERE user_id = $1",
             "DELETE FROM dashboard_invitations WHERE user_id = $1 AND used_at IS NULL",
@@ -198,6 +220,24 @@ impl Store {
             sqlx::query(sql).bind(id).execute(&mut *tx).await?;
         }
         tx.commit().await?;
+        Ok(true)
+    }
+
+    /// PostgreSQL: locks the row of the user's customer until the transaction ends
+    /// (SQLite writes one at a time already).
+    async fn lock_customer_of_user(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+        id: &str,
+    ) -> Result<(), StoreError> {
+        if self.backend == super::Backend::Postgres {
+            sqlx::query(
+                "SELECT id FROM customers WHERE id = (SELECT customer_id FROM dashboard_users WHERE id = $1) FOR UPDATE",
+            )
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        }
         Ok(())
     }
 
