@@ -110,6 +110,7 @@ async fn serve(url: &str, port: u16, env: &[(&str, &str)]) -> Child {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = child.kill();
+    let _ = child.wait();
     panic!("the gateway did not start");
 }
 
