@@ -1,31 +1,12 @@
 //! Nothing acknowledged is lost: events written by a gateway that is killed (SIGKILL)
 //! before its first delivery attempt are delivered by the next one.
 
+mod common;
+
+use common::{free_port, gateway, run_json};
 use gateway_sdk_tests::receiver::Receiver;
-use serde_json::Value;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
-
-fn gateway(url: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
-    command.arg("--database-url").arg(url).args(args).env_remove("GATEWAY_DATABASE_URL");
-    // Compiled policy modules are cached across tests, outside the source tree.
-    command.env("GATEWAY_POLICIES__CACHE_DIR", std::env::temp_dir().join("gateway-test-wasm-cache"));
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    command
-}
-
-fn run_json(mut command: Command) -> Value {
-    let out = command.output().expect("gateway runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 async fn serve(url: &str, port: u16, log: &std::path::Path, dispatch: &str) -> Child {
     let listen = format!("127.0.0.1:{port}");

@@ -3,6 +3,9 @@
 //! replicas of one store. On SQLite, and on PostgreSQL when `GATEWAY_TEST_DATABASE_URL`
 //! is set (a fresh database per test).
 
+mod common;
+
+use common::{free_port, run_json};
 use gateway_server::store::{LogEntry, Store};
 use serde_json::{Value, json};
 use sqlx::{Connection, Executor};
@@ -46,26 +49,12 @@ impl Db {
     }
 }
 
+/// The binary, without the bundled policies: these tests are about exactly once, not
+/// the warm-up of a new number.
 fn gateway(url: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_gateway"));
-    command.arg("--database-url").arg(url).args(args).env_remove("GATEWAY_DATABASE_URL");
-    command.env("GATEWAY_POLICIES__CACHE_DIR", std::env::temp_dir().join("gateway-test-wasm-cache"));
-    // About exactly once, not the warm-up of a new number.
+    let mut command = common::gateway(url, args, env);
     command.env("GATEWAY_POLICIES__BUNDLED", "0");
-    for (k, v) in env {
-        command.env(k, v);
-    }
     command
-}
-
-fn run_json(mut command: Command) -> Value {
-    let out = command.output().expect("gateway runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// A demo tenant with limits out of the way; (API key, customer id).
