@@ -144,6 +144,11 @@ impl TestContext {
             .await
     }
 
+    /// `send_json` taking its body, for many requests at once.
+    pub async fn send_json_owned(&self, body: serde_json::Value) -> (u16, serde_json::Value) {
+        self.send_json(&body).await
+    }
+
     /// Stops the gateway and drops its PostgreSQL database.
     pub async fn teardown(self) {
         self.server.close().await.expect("clean shutdown");

@@ -226,7 +226,7 @@ async fn an_attempt_orphaned_by_a_dead_process_becomes_unknown_and_answers_its_k
         ..LogEntry::default()
     };
     let begin = Begin { reservations: Vec::new(), entry, deadline_at: past + 1_000, idem: Some(owner) };
-    assert!(matches!(cx.store().begin_attempt(begin).await.unwrap(), Began::Written(_)));
+    assert!(matches!(cx.store().begin_attempt(begin).await.unwrap(), Began::Written { .. }));
     // The retry is answered at once with the attempt's outcome, never 409 for ever.
     let retry = send_keyed(&cx, Some("dead"), &body).await;
     assert_eq!(retry.status, 502, "{}", retry.body);

@@ -657,7 +657,7 @@ async fn an_external_message_id_orphaned_by_a_dead_process_gets_a_definite_answe
         ..LogEntry::default()
     };
     let begin = Begin { reservations: Vec::new(), entry, deadline_at: past + 1_000, idem: Some(key) };
-    assert!(matches!(cx.store().begin_attempt(begin).await.unwrap(), Began::Written(_)));
+    assert!(matches!(cx.store().begin_attempt(begin).await.unwrap(), Began::Written { .. }));
     let body = json!({"event_type": "outbound_message", "to": "+14155550411", "message_text": "On our way",
                       "external_message_id": "3cx-dead-2"});
     let started = std::time::Instant::now();

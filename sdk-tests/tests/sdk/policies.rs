@@ -428,3 +428,47 @@ async fn the_operator_uploads_reloads_and_rolls_back_policy_modules_in_the_conso
     assert_eq!(reloaded.status, 303);
     cx.teardown().await;
 }
+
+/// 40 concurrent sends to strangers from a new number (ten new recipients on day one):
+/// exactly ten pass, and each counts once, however the requests interleave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pacing_caps_are_exact_under_concurrency() {
+    let cx = TestContext::new("pol_exact").await;
+    cx.lift_velocity(&cx.tenant.customer_id).await;
+    let limits = gateway_server::store::LimitOverrides { daily: Some(10_000), ..Default::default() };
+    gateway_server::ops::set_limits(cx.store(), &cx.tenant.customer_id, &limits).await.unwrap();
+    cx.store().set_instance_age(&cx.tenant.instance_id, 0).await.unwrap();
+    let answers =
+        futures::future::join_all((0..40).map(|i| {
+            cx.send_json_owned(send("transactional", &format!("+141555507{i:02}"), "Your order has shipped."))
+        }))
+        .await;
+    let passed = answers.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(passed, 10, "{:?}", answers.iter().map(|(s, b)| (*s, b["details"]["rule"].clone())).collect::<Vec<_>>());
+    assert!(answers.iter().all(|(s, b)| *s == 200 || b["details"]["rule"] == "warmup_new_recipient_limit"));
+    let log = cx.store().recent_log(&cx.tenant.customer_id, 100).await.unwrap();
+    assert_eq!(log.iter().filter(|(_, e)| e.status == "sent").count(), 10);
+    assert_eq!(log.len(), 40, "every attempt has one row");
+    let day = gateway_server::store::now_ms() - gateway_server::store::now_ms().rem_euclid(86_400_000);
+    let new_today = cx.store().counter(&format!("inew:{}", cx.tenant.instance_id), day).await.unwrap();
+    assert_eq!(new_today, 10, "refused sends gave their counters back");
+
+    // Concurrent first sends to one new number count it once.
+    cx.store().set_instance_age(&cx.tenant.instance_id, 30).await.unwrap();
+    let answers = futures::future::join_all(
+        (0..8).map(|_| cx.send_json_owned(send("transactional", "+14155550798", "Your order has shipped."))),
+    )
+    .await;
+    assert!(answers.iter().all(|(s, _)| *s == 200), "{answers:?}");
+    let new_today = cx.store().counter(&format!("inew:{}", cx.tenant.instance_id), day).await.unwrap();
+    assert_eq!(new_today, 11, "one new recipient, not eight");
+
+    // The never-replied cap (ten in 24 hours) holds the same way.
+    let answers = futures::future::join_all(
+        (0..30).map(|i| cx.send_json_owned(send("transactional", "+14155550797", &format!("Update {i}")))),
+    )
+    .await;
+    let passed = answers.iter().filter(|(s, _)| *s == 200).count();
+    assert_eq!(passed, 10, "{:?}", answers.iter().map(|(s, b)| (*s, b["details"]["rule"].clone())).collect::<Vec<_>>());
+    cx.teardown().await;
+}

@@ -25,7 +25,10 @@ CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
 CREATE INDEX idempotency_keys_log ON idempotency_keys (log_id);
 
 -- Takes every counter of `r` ([{scope, window_start, expires_at, limit}]) or none:
--- {"ok": true}, or {"ok": false, "index": i, "used": n} naming the first that is full.
+-- {"ok": true, "counts": [n, ...]} with each counter's value after this increment (in
+-- the order of `r`: the send's place among all sends that took it, which the pipeline
+-- checks its policy decision against), or {"ok": false, "index": i, "used": n} naming
+-- the first that is full.
 -- The same semantics as the `reserve` write of gateway_write_batch (0002) and the SQLite
 -- writer.
 CREATE OR REPLACE FUNCTION gateway_reserve(r jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -33,9 +36,10 @@ DECLARE
     taken text[];
     hit int;
     used bigint;
+    counts jsonb;
 BEGIN
     IF jsonb_array_length(r) = 0 THEN
-        RETURN jsonb_build_object('ok', true);
+        RETURN jsonb_build_object('ok', true, 'counts', '[]'::jsonb);
     END IF;
     WITH ins AS (
         INSERT INTO usage_counters (scope, window_start, count, expires_at, lim)
@@ -55,7 +59,10 @@ BEGIN
         END IF;
     END LOOP;
     IF hit IS NULL THEN
-        RETURN jsonb_build_object('ok', true);
+        SELECT jsonb_agg(u.count ORDER BY x.ord) INTO counts
+        FROM jsonb_array_elements(r) WITH ORDINALITY AS x(v, ord)
+        JOIN usage_counters u ON u.scope = x.v->>'scope' AND u.window_start = (x.v->>'window_start')::bigint;
+        RETURN jsonb_build_object('ok', true, 'counts', counts);
     END IF;
     UPDATE usage_counters u SET count = u.count - 1
     FROM jsonb_array_elements(r) AS x
@@ -116,9 +123,11 @@ BEGIN
                 UPDATE idempotency_keys SET log_id = new_id, lease_until = NULL
                 WHERE customer_id = op->'idem'->>'customer_id' AND idem_key = op->'idem'->>'key';
             END IF;
-            results := results || jsonb_build_array(jsonb_build_object('ok', true, 'id', new_id));
+            results := results || jsonb_build_array(jsonb_build_object('ok', true, 'id', new_id,
+                'counts', reserved->'counts'));
         ELSIF op->>'op' = 'finish' THEN
-            UPDATE message_log SET status = op->>'status', error_code = op->>'error_code',
+            UPDATE message_log SET status = op->>'status', decision = coalesce(op->>'decision', decision),
+                error_code = op->>'error_code',
                 policy = op->>'policy', reason = op->>'reason',
                 provider_message_id = op->>'provider_message_id', deadline_at = NULL
             WHERE id = (op->>'id')::bigint AND status = 'pending';

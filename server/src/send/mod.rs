@@ -299,6 +299,24 @@ impl Sender {
             }
             // Not an attempt of its own: the key's first request answers for it.
             (Err(SendError::IdempotencyInProgress), _) => Err(SendError::IdempotencyInProgress),
+            // A policy decision that did not hold against the counters the send took:
+            // its row becomes a refusal and the counters go back.
+            (Err(error @ (SendError::PolicyViolation { .. } | SendError::PurposeNotAllowed { .. })), Some(log_id)) => {
+                let (code, check, reason) = (error.code(), error.check(), truncate(&error.to_string(), 500));
+                let result = Err(error);
+                let finish = Finish {
+                    status: "refused".into(),
+                    decision: Some("refused".into()),
+                    error_code: Some(code.into()),
+                    policy: Some(check),
+                    reason: Some(reason),
+                    release: attempt.reservations.clone(),
+                    answer: render(&result),
+                    ..self.finish(&attempt, log_id, now)
+                };
+                self.store.settle_attempt(finish).await?;
+                result
+            }
             (Err(error @ SendError::Store(_)), _) => Err(error),
             (Ok(_), None) => {
                 Err(SendError::Store(StoreError::Conflict("a send went out without its attempt row".into())))
@@ -410,7 +428,7 @@ impl Sender {
         let checked = self.check_schema(&a.input.body).await?;
         let checked = a.checked.insert(checked);
         let now = now_ms();
-        let SendContext { customer, instance, suppressed, counters } =
+        let SendContext { customer, instance, suppressed, counters, to_recipient_hour } =
             self.store.send_context(&a.input.customer_id, &checked.instance_ref, &checked.phone.e164, now).await?;
         let instance = a.instance.insert(instance.ok_or(SendError::InvalidInstance)?);
         let plan_status = customer.plan_status(now);
@@ -427,7 +445,7 @@ impl Sender {
         if instance.paused {
             return Err(SendError::Paused { reason: instance.paused_reason.clone() });
         }
-        let new_recipient = counters.to_recipient_total == 0 && counters.replies_from_recipient == 0;
+        let mut new_recipient = counters.to_recipient_total == 0 && counters.replies_from_recipient == 0;
         let mut ctx = policy_context(a.input.source, checked, instance, &customer, counters, now);
         let purpose = self.policy.evaluate(&ctx).await;
         a.trace.extend(purpose.trace);
@@ -457,7 +475,6 @@ impl Sender {
         if content.decision != Decision::Allow {
             return Err(self.refusal(a, content.decision));
         }
-        let reservations = self.reservations(&customer, instance, &checked.phone.e164, new_recipient, now);
         let message = OutboundMessage {
             to: checked.phone.e164.clone(),
             text: checked.text.clone(),
@@ -470,22 +487,53 @@ impl Sender {
             provider: instance.provider.clone(),
         };
         let timeout = self.config.provider_timeout();
+        let phone = checked.phone.e164.clone();
+        let instance = instance.clone();
         // The counters and the pending row, in one write, before the provider is called.
+        // A first contact is claimed in the same write: if a concurrent send to the same
+        // number claimed it first, this one is not new after all, and goes again as such.
         let mut pending = self.entry(a, now);
         pending.decision = "allowed".into();
         pending.status = "pending".into();
-        let begin = Begin {
-            reservations: reservations.clone(),
-            entry: pending,
-            deadline_at: now + timeout.as_millis() as i64 + ORPHAN_MARGIN_MS,
-            idem: a.input.idempotency.as_ref().map(|i| i.owner.clone()),
+        let seen = ctx.counters.clone();
+        let (reservations, counts) = loop {
+            let reservations = self.reservations(&customer, &instance, &phone, new_recipient, now);
+            let begin = Begin {
+                reservations: reservations.clone(),
+                entry: pending.clone(),
+                deadline_at: now + timeout.as_millis() as i64 + ORPHAN_MARGIN_MS,
+                idem: a.input.idempotency.as_ref().map(|i| i.owner.clone()),
+            };
+            match self.store.begin_attempt(begin).await? {
+                Began::Written { log_id, counts } => {
+                    a.log_id = Some(log_id);
+                    break (reservations, counts);
+                }
+                Began::Limit(hit) if reservations[hit.index].scope.starts_with(PacingScopes::FIRST_CONTACT) => {
+                    new_recipient = false;
+                    ctx.counters.to_recipient_total = ctx.counters.to_recipient_total.max(1);
+                }
+                Began::Limit(hit) => return Err(limit_error(&reservations, hit, now)),
+                Began::KeyLost => return Err(SendError::IdempotencyInProgress),
+            }
         };
-        match self.store.begin_attempt(begin).await? {
-            Began::Written(log_id) => a.log_id = Some(log_id),
-            Began::Limit(hit) => return Err(limit_error(&reservations, hit, now)),
-            Began::KeyLost => return Err(SendError::IdempotencyInProgress),
-        }
         a.reservations = reservations;
+        // The policies decided on a snapshot; the write placed this send among all the
+        // sends that took the same counters (on any replica). If other sends came in
+        // between, the decision is checked again against what this send really follows,
+        // so a pacing cap holds exactly as a quota does.
+        let exact = exact_counters(&ctx.counters, to_recipient_hour, &a.reservations, &counts);
+        if exact != seen {
+            ctx.counters = exact;
+            for stage in [Stage::Purpose, Stage::Content] {
+                ctx.stage = stage;
+                let outcome = self.policy.evaluate(&ctx).await;
+                a.trace.extend(outcome.trace);
+                if outcome.decision != Decision::Allow {
+                    return Err(raced(outcome.decision));
+                }
+            }
+        }
         match tokio::time::timeout(timeout, self.provider.send(&sending, &message)).await {
             Ok(Ok(receipt)) => Ok(receipt),
             Ok(Err(e)) => Err(SendError::Provider(e)),
@@ -635,6 +683,12 @@ impl Sender {
         ];
         if new_recipient {
             reservations.push(Reservation {
+                scope: format!("{}{}:{to}", PacingScopes::FIRST_CONTACT, instance.id),
+                window_start: day,
+                expires_at: day + 2 * DAY_MS,
+                limit: 1,
+            });
+            reservations.push(Reservation {
                 scope: format!("{}{}", PacingScopes::NEW_RECIPIENT_DAY, instance.id),
                 window_start: day,
                 expires_at: day + 2 * DAY_MS,
@@ -719,6 +773,43 @@ fn policy_context(
         },
         source: model::Source::parse(source).unwrap_or_default(),
         counters,
+    }
+}
+
+/// The counters a send really follows, from the values its reservation left (its place
+/// among every send that took them): what it would have seen had the sends run one
+/// after another.
+fn exact_counters(seen: &model::Counters, seen_hour: u32, rs: &[Reservation], counts: &[i64]) -> model::Counters {
+    let before = |prefix: &str| {
+        rs.iter()
+            .position(|r| r.scope.starts_with(prefix))
+            .and_then(|i| counts.get(i))
+            .map(|c| (c - 1).clamp(0, u32::MAX as i64) as u32)
+    };
+    let mut exact = seen.clone();
+    if let Some(n) = before(PacingScopes::INSTANCE_DAY) {
+        exact.sent_today = n;
+    }
+    if let Some(n) = before(PacingScopes::RECIPIENT_HOUR) {
+        exact.to_recipient_24h = seen.to_recipient_24h.saturating_sub(seen_hour).saturating_add(n);
+    }
+    if let Some(n) = before(PacingScopes::NEW_RECIPIENT_DAY) {
+        exact.new_recipients_today = n;
+    }
+    exact
+}
+
+/// A policy decision that did not hold once the send's place was known: a refusal like
+/// any other (a review becomes a block: the message was not queued for review).
+fn raced(decision: Decision) -> SendError {
+    match decision {
+        Decision::Allow => unreachable!("an allowed stage is no refusal"),
+        Decision::Deny { policy, code, reason, risk_score, .. } => {
+            SendError::PolicyViolation { policy, rule: Some(code), reason, action: "block", risk_score }
+        }
+        Decision::Review { policy, reason, risk_score } => {
+            SendError::PolicyViolation { policy, rule: None, reason, action: "block", risk_score }
+        }
     }
 }
 

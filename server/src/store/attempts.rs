@@ -79,8 +79,10 @@ pub struct Begin {
 /// What `begin` did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Began {
-    /// The counters are taken and the row written: its id.
-    Written(i64),
+    /// The counters are taken and the row written: its id, and each counter's value
+    /// after this send's increment, in the order of the reservations (the send's place
+    /// among every send that took it, on any replica).
+    Written { log_id: i64, counts: Vec<i64> },
     /// A counter was full; nothing was written.
     Limit(LimitHit),
     /// The idempotency claim is no longer this request's; nothing was written.
@@ -91,8 +93,11 @@ pub enum Began {
 #[derive(Clone, Debug, Default)]
 pub struct Finish {
     pub log_id: i64,
-    /// `sent`, `failed` or `unknown`.
+    /// `sent`, `failed`, `unknown`, or `refused` (a policy decision that did not hold
+    /// against the counters the send took).
     pub status: String,
+    /// The row's new decision, when it changes (`refused`).
+    pub decision: Option<String>,
     pub error_code: Option<String>,
     pub policy: Option<String>,
     pub reason: Option<String>,
@@ -137,7 +142,8 @@ const INSERT_PENDING_SQL: &str = "INSERT INTO message_log (customer_id, instance
      policy_trace, deadline_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
      RETURNING id";
 const FINISH_SQL: &str = "UPDATE message_log SET status = $2, error_code = $3, policy = $4, reason = $5, \
-     provider_message_id = $6, deadline_at = NULL WHERE id = $1 AND status = 'pending'";
+     provider_message_id = $6, decision = COALESCE($7, decision), deadline_at = NULL \
+     WHERE id = $1 AND status = 'pending'";
 const RELEASE_SQL: &str = "DELETE FROM idempotency_keys WHERE log_id = $1";
 /// A refused request gives its key up (see `KeyFate::Release`).
 pub(super) const RELEASE_REFUSAL_SQL: &str =
@@ -271,9 +277,10 @@ pub(super) fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<
             return Ok(Began::KeyLost);
         }
     }
-    if let Err(hit) = super::writer::sqlite_reserve(tx, &b.reservations)? {
-        return Ok(Began::Limit(hit));
-    }
+    let counts = match super::writer::sqlite_reserve(tx, &b.reservations)? {
+        Ok(counts) => counts,
+        Err(hit) => return Ok(Began::Limit(hit)),
+    };
     let mut insert = tx.prepare_cached(INSERT_PENDING_SQL)?;
     bind_dollar(&mut insert, &pending_values(b))?;
     let id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
@@ -285,7 +292,7 @@ pub(super) fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<
         )?;
         link.raw_execute()?;
     }
-    Ok(Began::Written(id))
+    Ok(Began::Written { log_id: id, counts })
 }
 
 fn owner_values(idem: &IdemOwner) -> [SqlValue; 3] {
@@ -320,6 +327,7 @@ pub(super) fn sqlite_finish(tx: &rusqlite::Transaction<'_>, f: &Finish) -> Resul
             text(&f.policy),
             text(&f.reason),
             text(&f.provider_message_id),
+            text(&f.decision),
         ],
     )?;
     if update.raw_execute()? == 0 {
@@ -367,7 +375,7 @@ pub(super) fn begin_json(b: &Begin) -> serde_json::Value {
 /// `finish` as an op of `gateway_send_ops`.
 pub(super) fn finish_json(f: &Finish) -> serde_json::Value {
     serde_json::json!({
-        "op": "finish", "id": f.log_id, "status": f.status, "error_code": f.error_code, "policy": f.policy,
+        "op": "finish", "id": f.log_id, "status": f.status, "decision": f.decision, "error_code": f.error_code, "policy": f.policy,
         "reason": f.reason, "provider_message_id": f.provider_message_id, "went_out": went_out(&f.status),
         "instance_id": f.instance_id, "recipient": f.recipient, "at": f.at,
         "event": f.event.as_ref().map(super::writer::outbox_json),
@@ -385,7 +393,8 @@ pub(super) fn began_from_json(r: &serde_json::Value) -> Option<Began> {
         return Some(Began::KeyLost);
     }
     if r["ok"] == true {
-        return r["id"].as_i64().map(Began::Written);
+        let counts = r["counts"].as_array()?.iter().map(|c| c.as_i64()).collect::<Option<Vec<_>>>()?;
+        return Some(Began::Written { log_id: r["id"].as_i64()?, counts });
     }
     Some(Began::Limit(LimitHit { index: r["index"].as_u64()? as usize, used: r["used"].as_i64()? }))
 }

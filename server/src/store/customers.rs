@@ -137,6 +137,8 @@ static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
          (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = c.id AND s.phone = $3) AS suppressed, \
          (SELECT CAST(SUM(u.count) AS BIGINT) FROM usage_counters u WHERE u.scope = $7 || i.id || ':' || $3 \
             AND u.window_start >= $5) AS to_recipient_24h, \
+         (SELECT u.count FROM usage_counters u WHERE u.scope = $7 || i.id || ':' || $3 \
+            AND u.window_start = $9) AS to_recipient_hour, \
          k.sent_total AS to_recipient_total, k.replies_total AS replies, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $8 || i.id AND u.window_start = $4) AS new_today, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || i.id AND u.window_start = $4) AS sent_today \
@@ -161,6 +163,9 @@ impl PacingScopes {
     pub const RECIPIENT_HOUR: &str = "r24:";
     /// `inew:{instance}`, per UTC day: sends to a recipient never messaged before.
     pub const NEW_RECIPIENT_DAY: &str = "inew:";
+    /// `ifirst:{instance}:{phone}`, per UTC day, limit 1: the claim of a first contact,
+    /// so that of concurrent first sends to one number only one counts as new.
+    pub const FIRST_CONTACT: &str = "ifirst:";
 }
 
 impl FromCols for SendContext {
@@ -180,6 +185,7 @@ impl FromCols for SendContext {
                 new_recipients_today: count("new_today")?,
                 sent_today: count("sent_today")?,
             },
+            to_recipient_hour: count("to_recipient_hour")?,
         })
     }
 }
@@ -194,6 +200,9 @@ pub struct SendContext {
     pub suppressed: bool,
     /// What the instance did recently, as the policies see it.
     pub counters: Counters,
+    /// Of `counters.to_recipient_24h`, the sends of the current hour (the bucket a send
+    /// takes).
+    pub to_recipient_hour: u32,
 }
 
 /// The stored status and period of a newly assigned plan.
@@ -417,6 +426,7 @@ impl Store {
             SqlValue::Text(PacingScopes::INSTANCE_DAY.to_string()),
             SqlValue::Text(PacingScopes::RECIPIENT_HOUR.to_string()),
             SqlValue::Text(PacingScopes::NEW_RECIPIENT_DAY.to_string()),
+            SqlValue::Integer(now - now.rem_euclid(HOUR_MS)),
         ];
         self.read_one(&SEND_CONTEXT_SQL, params)
             .await?

@@ -124,7 +124,7 @@ fn reserve_sql(n: usize) -> String {
     format!(
         "INSERT INTO usage_counters (scope, window_start, count, expires_at, lim) VALUES {} \
          ON CONFLICT (scope, window_start) DO UPDATE SET count = usage_counters.count + 1, lim = excluded.lim \
-         WHERE usage_counters.count < excluded.lim RETURNING scope",
+         WHERE usage_counters.count < excluded.lim RETURNING scope, count",
         values.join(", ")
     )
 }
@@ -258,7 +258,7 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &[WriteOp]) -> Result<Ve
     let mut results = Vec::with_capacity(batch.len());
     for op in batch {
         results.push(match op {
-            WriteOp::Reserve { reservations, .. } => Done::Reserve(sqlite_reserve(&tx, reservations)?),
+            WriteOp::Reserve { reservations, .. } => Done::Reserve(sqlite_reserve(&tx, reservations)?.map(|_| ())),
             WriteOp::Release { reservations, .. } => {
                 sqlite_release(&tx, reservations)?;
                 Done::Release
@@ -362,12 +362,14 @@ fn review_values(log_id: i64, e: &LogEntry, r: &ReviewItem) -> Vec<SqlValue> {
     ]
 }
 
+/// Takes every reservation or none: the counters' values after this send's increment
+/// (in the order of `rs`), or the first that was full.
 pub(super) fn sqlite_reserve(
     tx: &rusqlite::Transaction<'_>,
     rs: &[Reservation],
-) -> Result<Result<(), LimitHit>, StoreError> {
+) -> Result<Result<Vec<i64>, LimitHit>, StoreError> {
     if rs.is_empty() {
-        return Ok(Ok(()));
+        return Ok(Ok(Vec::new()));
     }
     let params: Vec<SqlValue> = rs
         .iter()
@@ -383,14 +385,17 @@ pub(super) fn sqlite_reserve(
     let mut stmt = tx.prepare_cached(&reserve_sql(rs.len()))?;
     bind_dollar(&mut stmt, &params)?;
     let mut taken = Vec::with_capacity(rs.len());
+    let mut counts = std::collections::HashMap::with_capacity(rs.len());
     let mut rows = stmt.raw_query();
     while let Some(row) = rows.next()? {
-        taken.push(row.get::<_, String>(0)?);
+        let scope = row.get::<_, String>(0)?;
+        counts.insert(scope.clone(), row.get::<_, i64>(1)?);
+        taken.push(scope);
     }
     drop(rows);
     drop(stmt);
     let Some((index, undo)) = first_full(rs, &taken) else {
-        return Ok(Ok(()));
+        return Ok(Ok(rs.iter().map(|r| counts.get(&r.scope).copied().unwrap_or(1)).collect()));
     };
     sqlite_release(tx, &undo)?;
     let used: Option<i64> = tx
