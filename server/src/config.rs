@@ -22,6 +22,9 @@ pub struct Config {
     /// an OS crash or power loss) or `normal` (faster; the last commits before a power
     /// loss may be lost, never corrupted). Ignored on PostgreSQL.
     pub sqlite_synchronous: String,
+    /// How long one database operation may take (getting a connection, a write batch,
+    /// waiting for a locked SQLite file) before the request is answered 503.
+    pub database_timeout_ms: u64,
     /// Address the HTTP server binds.
     pub listen: SocketAddr,
     /// The gateway's own base URL as providers reach it; `http://{listen}` when unset.
@@ -230,6 +233,7 @@ impl Default for Config {
             database_url: "sqlite://gateway.db?mode=rwc".to_string(),
             database_max_connections: 8,
             sqlite_synchronous: "full".to_string(),
+            database_timeout_ms: 5_000,
             listen: "127.0.0.1:8080".parse().unwrap(),
             public_url: None,
             provider: "simulator".to_string(),
@@ -360,6 +364,9 @@ impl Config {
                 self.sqlite_synchronous
             )));
         }
+        if !(100..=600_000).contains(&self.database_timeout_ms) {
+            return Err(ConfigError::Invalid("database_timeout_ms must be between 100 and 600000".to_string()));
+        }
         if !matches!(self.log_format.as_str(), "json" | "pretty") {
             return Err(ConfigError::Invalid(format!("log_format must be json or pretty, not {:?}", self.log_format)));
         }
@@ -390,6 +397,14 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// How the store connects (durability and the database timeout).
+    pub fn store_options(&self) -> crate::store::StoreOptions {
+        crate::store::StoreOptions {
+            durability: crate::store::Durability::parse(&self.sqlite_synchronous).unwrap_or_default(),
+            timeout: Duration::from_millis(self.database_timeout_ms),
+        }
     }
 
     /// The provider timeout as a duration.
@@ -475,6 +490,7 @@ mod tests {
             "database_url",
             "database_max_connections",
             "sqlite_synchronous",
+            "database_timeout_ms",
             "listen",
             "public_url",
             "provider",

@@ -134,9 +134,9 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         );
     }
     let store_log = log.new(slog::o!("component" => "store"));
-    let durability = store::Durability::parse(&config.sqlite_synchronous).unwrap_or_default();
+    let options = config.store_options();
     let store =
-        Store::open_with(&config.database_url, config.database_max_connections, Some(store_log), durability).await?;
+        Store::open_with(&config.database_url, config.database_max_connections, Some(store_log), options).await?;
     let mut workers = Vec::new();
     let (engine, policies): (Arc<dyn policy::PolicyEngine>, _) = match parts.policy {
         Some(engine) => (engine, None),

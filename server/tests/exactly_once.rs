@@ -5,49 +5,12 @@
 
 mod common;
 
-use common::{free_port, run_json};
+use common::{Db, free_port, run_json};
 use gateway_server::store::{LogEntry, Store};
 use serde_json::{Value, json};
-use sqlx::{Connection, Executor};
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-/// A store for one test: a SQLite file, or a fresh PostgreSQL database.
-struct Db {
-    url: String,
-    postgres: Option<(String, String)>,
-    _dir: tempfile::TempDir,
-}
-
-impl Db {
-    async fn new(name: &str) -> Db {
-        let dir = tempfile::Builder::new().prefix(&format!("gw-{name}-")).tempdir().unwrap();
-        match std::env::var("GATEWAY_TEST_DATABASE_URL") {
-            Ok(admin) if !admin.is_empty() => {
-                let db = format!("gw_{name}_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-                sqlx::any::install_default_drivers();
-                let mut conn = sqlx::AnyConnection::connect(&admin).await.unwrap();
-                conn.execute(format!("CREATE DATABASE {db}").as_str()).await.unwrap();
-                conn.close().await.ok();
-                let (base, _) = admin.rsplit_once('/').unwrap();
-                Db { url: format!("{base}/{db}"), postgres: Some((admin, db)), _dir: dir }
-            }
-            _ => {
-                let url = format!("sqlite://{}?mode=rwc", dir.path().join("g.db").display());
-                Db { url, postgres: None, _dir: dir }
-            }
-        }
-    }
-
-    async fn drop_it(self) {
-        if let Some((admin, db)) = &self.postgres
-            && let Ok(mut conn) = sqlx::AnyConnection::connect(admin).await
-        {
-            let _ = conn.execute(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)").as_str()).await;
-        }
-    }
-}
 
 /// The binary, without the bundled policies: these tests are about exactly once, not
 /// the warm-up of a new number.

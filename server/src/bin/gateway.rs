@@ -569,8 +569,9 @@ async fn run() -> Result<()> {
         },
         other => other,
     };
-    let durability = gateway_server::store::Durability::parse(&config.sqlite_synchronous).unwrap_or_default();
-    let store = Store::open_with(&config.database_url, 2, None, durability).await.context("opening the database")?;
+    let store = Store::open_with(&config.database_url, 2, None, config.store_options())
+        .await
+        .context("opening the database")?;
     let out = operate(&store, &config, command).await;
     store.close().await;
     let (ok, out) = out?;

@@ -99,7 +99,7 @@ impl From<&SendError> for ApiError {
                 ApiError::new(409, code, "a request with this Idempotency-Key is in progress; retry after it finishes")
                     .with_detail("retry_after_seconds", 1)
             }
-            SendError::Store(s) => ApiError::internal(s.to_string()),
+            SendError::Store(s) => ApiError::from(s),
         }
     }
 }
@@ -181,6 +181,19 @@ pub fn orphan_answer() -> Answer {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> ApiError {
-        ApiError::internal(e.to_string())
+        ApiError::from(&e)
     }
+}
+
+impl From<&StoreError> for ApiError {
+    fn from(e: &StoreError) -> ApiError {
+        if e.is_unavailable() { unavailable(e.to_string()) } else { ApiError::internal(e.to_string()) }
+    }
+}
+
+/// 503 `service_unavailable`: the database is out of reach for now; a retry may pass.
+pub fn unavailable(internal: impl Into<String>) -> ApiError {
+    ApiError::new(503, "service_unavailable", "the gateway cannot reach its database right now; retry shortly")
+        .with_detail("retry_after_seconds", 1)
+        .with_internal(internal)
 }

@@ -21,6 +21,7 @@ use slog::{Logger, error, info};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// How often `last_used_at` of a key is written at most.
 const KEY_TOUCH_INTERVAL_MS: i64 = 60_000;
@@ -84,7 +85,19 @@ impl GatewayApi for GatewayApiImpl {
         let state = rqctx.context().clone();
         let headers = rqctx.request.headers().clone();
         let log = rqctx.log.new(slog::o!("component" => "send"));
-        catch_panics(&log, send_message(state, headers, body, log.clone())).await
+        // A backstop: whatever hangs below (a database that stopped answering), the
+        // caller gets the error body within the provider timeout plus three database
+        // timeouts. Every 503 carries Retry-After.
+        let budget = state.config.provider_timeout() + 3 * Duration::from_millis(state.config.database_timeout_ms);
+        let handled = catch_panics(&log, send_message(state, headers, body, log.clone()));
+        match tokio::time::timeout(budget, handled).await {
+            Ok(Err(e)) if e.status.as_u16() == 503 => Ok(reply(error::error_answer(&e))),
+            Ok(result) => result,
+            Err(_) => {
+                error!(log, "send did not finish in time"; "budget_ms" => budget.as_millis() as u64);
+                Ok(reply(error::error_answer(&error::unavailable("the request did not finish in time"))))
+            }
+        }
     }
 
     async fn pbx_webhook(

@@ -71,8 +71,35 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("the store is closed")]
     Closed,
+    /// The database did not answer in time, or is locked or unreachable: a request may
+    /// succeed later (503).
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
     #[error("the plan allows {cap} instance(s) and the customer has {count}")]
     InstanceCap { cap: i64, count: i64 },
+}
+
+impl StoreError {
+    /// Whether the failure is the database being out of reach for now (timed out,
+    /// locked, connection lost), not a fault of the request: answered 503.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_) => true,
+            StoreError::Database(e) => {
+                matches!(
+                    e,
+                    sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_)
+                ) || e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "5" || c == "6")
+            }
+            StoreError::Sqlite(e) => is_sqlite_busy(e),
+            _ => false,
+        }
+    }
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED: another process holds the file.
+pub(crate) fn is_sqlite_busy(e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy) | Some(rusqlite::ErrorCode::DatabaseLocked))
 }
 
 /// Handle to the database; cheap to clone.
@@ -197,19 +224,35 @@ impl Durability {
             _ => None,
         }
     }
+}
 
+/// How the store connects: SQLite's durability, and how long any one database
+/// operation may take (a pool that cannot get a connection, a locked SQLite file, a
+/// write batch PostgreSQL does not answer) before it fails as `Unavailable`.
+#[derive(Clone, Copy, Debug)]
+pub struct StoreOptions {
+    pub durability: Durability,
+    pub timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { durability: Durability::Full, timeout: Duration::from_secs(10) }
+    }
+}
+
+impl StoreOptions {
     /// The pragmas every SQLite connection starts with.
-    pub(crate) fn sqlite_pragmas(self) -> &'static str {
-        match self {
-            Durability::Full => {
-                "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 10000; \
-                 PRAGMA foreign_keys = ON;"
-            }
-            Durability::Normal => {
-                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 10000; \
-                 PRAGMA foreign_keys = ON;"
-            }
-        }
+    pub(crate) fn sqlite_pragmas(self) -> String {
+        let synchronous = match self.durability {
+            Durability::Full => "FULL",
+            Durability::Normal => "NORMAL",
+        };
+        format!(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous}; PRAGMA busy_timeout = {}; \
+             PRAGMA foreign_keys = ON;",
+            self.timeout.as_millis()
+        )
     }
 }
 
@@ -227,7 +270,7 @@ impl Store {
     /// applies the migrations.
     /// `log` receives the writer's debug lines (batch sizes and times).
     pub async fn open(url: &str, max_connections: u32, log: Option<slog::Logger>) -> Result<Store, StoreError> {
-        Store::open_with(url, max_connections, log, Durability::Full).await
+        Store::open_with(url, max_connections, log, StoreOptions::default()).await
     }
 
     /// `open` with SQLite's durability chosen (`sqlite_synchronous`).
@@ -235,23 +278,23 @@ impl Store {
         url: &str,
         max_connections: u32,
         log: Option<slog::Logger>,
-        durability: Durability,
+        options: StoreOptions,
     ) -> Result<Store, StoreError> {
-        let store = Store::connect_with(url, max_connections, log, durability).await?;
+        let store = Store::connect_with(url, max_connections, log, options).await?;
         store.migrate().await?;
         Ok(store)
     }
 
     /// Connects without migrating.
     pub async fn connect(url: &str, max_connections: u32, log: Option<slog::Logger>) -> Result<Store, StoreError> {
-        Store::connect_with(url, max_connections, log, Durability::Full).await
+        Store::connect_with(url, max_connections, log, StoreOptions::default()).await
     }
 
     async fn connect_with(
         url: &str,
         max_connections: u32,
         log: Option<slog::Logger>,
-        durability: Durability,
+        options: StoreOptions,
     ) -> Result<Store, StoreError> {
         install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
@@ -264,30 +307,27 @@ impl Store {
         let max = max_connections.max(1);
         match backend {
             Backend::Sqlite => {
-                let pragmas = durability.sqlite_pragmas();
-                let options = || {
-                    AnyPoolOptions::new().acquire_timeout(Duration::from_secs(30)).after_connect(move |conn, _| {
+                let pragmas: &'static str = Box::leak(options.sqlite_pragmas().into_boxed_str());
+                let pool = || {
+                    AnyPoolOptions::new().acquire_timeout(options.timeout).after_connect(move |conn, _| {
                         Box::pin(async move {
                             conn.execute(pragmas).await?;
                             Ok(())
                         })
                     })
                 };
-                let write = options().max_connections(1).connect(url).await?;
-                let read = options().max_connections(max).connect(url).await?;
+                let write = pool().max_connections(1).connect(url).await?;
+                let read = pool().max_connections(max).connect(url).await?;
                 let path = writer::sqlite_path(url).ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
-                let writer = writer::spawn_sqlite(path.clone(), durability, log)?;
+                let writer = writer::spawn_sqlite(path.clone(), options, log)?;
                 let idle = Mutex::new(Vec::new());
                 let sqlite_readers = Some(Arc::new(SqliteReaders { path, idle }));
                 Ok(Store { read, write, backend, writer, sqlite_readers })
             }
             Backend::Postgres => {
-                let pool = AnyPoolOptions::new()
-                    .max_connections(max)
-                    .acquire_timeout(Duration::from_secs(30))
-                    .connect(url)
-                    .await?;
-                let writer = writer::spawn_sqlx(pool.clone(), log);
+                let pool =
+                    AnyPoolOptions::new().max_connections(max).acquire_timeout(options.timeout).connect(url).await?;
+                let writer = writer::spawn_sqlx(pool.clone(), options.timeout, log);
                 Ok(Store { read: pool.clone(), write: pool, backend, writer, sqlite_readers: None })
             }
         }

@@ -222,11 +222,11 @@ pub(super) fn sqlite_path(url: &str) -> Option<PathBuf> {
 /// Starts the SQLite writer thread on the database file `path`.
 pub(super) fn spawn_sqlite(
     path: PathBuf,
-    durability: super::Durability,
+    options: super::StoreOptions,
     log: Option<slog::Logger>,
 ) -> Result<mpsc::Sender<WriteOp>, StoreError> {
     let mut conn = rusqlite::Connection::open(&path)?;
-    conn.execute_batch(durability.sqlite_pragmas())?;
+    conn.execute_batch(&options.sqlite_pragmas())?;
     let (tx, mut rx) = mpsc::channel::<WriteOp>(4 * MAX_BATCH);
     std::thread::Builder::new()
         .name("sqlite-writer".into())
@@ -240,6 +240,11 @@ pub(super) fn spawn_sqlite(
                 log_batch(&log, batch.len(), outcome.is_ok(), started);
                 match outcome {
                     Ok(results) => batch.drain(..).zip(results).for_each(|(op, done)| answer(op, Ok(done))),
+                    // Another process holds the file: every write would wait as long
+                    // again, so the whole batch fails now (503) instead of one by one.
+                    Err(StoreError::Sqlite(e)) if super::is_sqlite_busy(&e) => {
+                        batch.drain(..).for_each(|op| answer(op, Err(StoreError::Unavailable(e.to_string()))));
+                    }
                     Err(_) => {
                         for op in batch.drain(..) {
                             let result = sqlite_batch(&mut conn, std::slice::from_ref(&op)).map(|mut r| r.remove(0));
@@ -473,7 +478,11 @@ pub(super) fn sqlite_release(tx: &rusqlite::Transaction<'_>, rs: &[Reservation])
 }
 
 /// Starts the PostgreSQL writer task over `pool`; it ends when every sender is dropped.
-pub(super) fn spawn_sqlx(pool: AnyPool, log: Option<slog::Logger>) -> mpsc::Sender<WriteOp> {
+pub(super) fn spawn_sqlx(
+    pool: AnyPool,
+    timeout: std::time::Duration,
+    log: Option<slog::Logger>,
+) -> mpsc::Sender<WriteOp> {
     let (tx, mut rx) = mpsc::channel::<WriteOp>(4 * MAX_BATCH);
     tokio::spawn(async move {
         let mut batch = Vec::with_capacity(MAX_BATCH);
@@ -481,13 +490,25 @@ pub(super) fn spawn_sqlx(pool: AnyPool, log: Option<slog::Logger>) -> mpsc::Send
             batch.push(first);
             fill(&mut rx, &mut batch);
             let started = std::time::Instant::now();
-            let outcome = sqlx_batch(&pool, &batch).await;
+            // A batch PostgreSQL does not answer in time fails as a whole (its connection
+            // is dropped with the future): the writer never hangs on a lost database.
+            let outcome = match tokio::time::timeout(timeout, sqlx_batch(&pool, &batch)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(StoreError::Unavailable(format!("no answer within {} ms", timeout.as_millis()))),
+            };
             log_batch(&log, batch.len(), outcome.is_ok(), started);
             match outcome {
                 Ok(results) => batch.drain(..).zip(results).for_each(|(op, done)| answer(op, Ok(done))),
+                Err(e) if e.is_unavailable() => {
+                    let why = e.to_string();
+                    batch.drain(..).for_each(|op| answer(op, Err(StoreError::Unavailable(why.clone()))));
+                }
                 Err(_) => {
                     for op in batch.drain(..) {
-                        let result = sqlx_batch(&pool, std::slice::from_ref(&op)).await.map(|mut r| r.remove(0));
+                        let alone = tokio::time::timeout(timeout, sqlx_batch(&pool, std::slice::from_ref(&op))).await;
+                        let result = alone
+                            .unwrap_or_else(|_| Err(StoreError::Unavailable("no answer in time".into())))
+                            .map(|mut r| r.remove(0));
                         answer(op, result);
                     }
                 }

@@ -1,6 +1,8 @@
 //! What the tests that run the real `gateway` binary share.
+#![allow(dead_code)] // each test binary uses a part of it
 
 use serde_json::Value;
+use sqlx::{Connection, Executor};
 use std::process::Command;
 
 /// The binary on the store at `url`, with `args` and `env`; compiled policy modules
@@ -25,4 +27,41 @@ pub fn run_json(mut command: Command) -> Value {
 /// A port nothing listens on now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A store for one test: a SQLite file, or a fresh PostgreSQL database.
+pub struct Db {
+    pub url: String,
+    /// (admin URL, database name) on PostgreSQL.
+    pub postgres: Option<(String, String)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Db {
+    pub async fn new(name: &str) -> Db {
+        let dir = tempfile::Builder::new().prefix(&format!("gw-{name}-")).tempdir().unwrap();
+        match std::env::var("GATEWAY_TEST_DATABASE_URL") {
+            Ok(admin) if !admin.is_empty() => {
+                let db = format!("gw_{name}_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+                sqlx::any::install_default_drivers();
+                let mut conn = sqlx::AnyConnection::connect(&admin).await.unwrap();
+                conn.execute(format!("CREATE DATABASE {db}").as_str()).await.unwrap();
+                conn.close().await.ok();
+                let (base, _) = admin.rsplit_once('/').unwrap();
+                Db { url: format!("{base}/{db}"), postgres: Some((admin, db)), _dir: dir }
+            }
+            _ => {
+                let url = format!("sqlite://{}?mode=rwc", dir.path().join("g.db").display());
+                Db { url, postgres: None, _dir: dir }
+            }
+        }
+    }
+
+    pub async fn drop_it(self) {
+        if let Some((admin, db)) = &self.postgres
+            && let Ok(mut conn) = sqlx::AnyConnection::connect(admin).await
+        {
+            let _ = conn.execute(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)").as_str()).await;
+        }
+    }
 }

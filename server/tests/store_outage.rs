@@ -1,0 +1,169 @@
+//! The database goes away under a running gateway (the real binary): on PostgreSQL a
+//! TCP proxy between the two, which the test cuts; on SQLite another process holding
+//! the file locked. Requests get the error body (503 `service_unavailable`, with
+//! `Retry-After`) within the database timeout, never a hang; when the database is back,
+//! the same process serves again, without a restart.
+
+mod common;
+
+use common::{Db, free_port, gateway, run_json};
+use serde_json::{Value, json};
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A TCP proxy to PostgreSQL that the test can cut (every connection closed, new ones
+/// closed at once) and restore.
+struct Proxy {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    connections: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Proxy {
+    async fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, conns) = (cut.clone(), connections.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if c.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                conns.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Proxy { port, cut, connections }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for c in self.connections.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+async fn serve(url: &str, port: u16) -> Child {
+    let listen = format!("127.0.0.1:{port}");
+    let env = [
+        ("GATEWAY_WEBHOOKS__DISPATCH", "false"),
+        ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0"),
+        ("GATEWAY_DATABASE_TIMEOUT_MS", "1500"),
+        ("GATEWAY_POLICIES__BUNDLED", "0"),
+    ];
+    let mut child = gateway(url, &["serve", "--listen", &listen], &env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..400 {
+        if TcpStream::connect(&listen).await.is_ok() {
+            return child;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the gateway did not start");
+}
+
+async fn send(port: u16, key: &str, i: usize) -> (u16, Option<String>, Value) {
+    let body = json!({"instance_id": "demo", "phone": format!("+1415555{:04}", 6000 + i),
+                      "message_purpose": "transactional", "message": "Your code is 123456"});
+    let response = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/api/send-message"))
+        .bearer_auth(key)
+        .json(&body)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("an answer, never a hang");
+    let status = response.status().as_u16();
+    let retry_after = response.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+    (status, retry_after, response.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_database_gets_503_in_time_and_service_resumes_without_a_restart() {
+    let db = Db::new("outage").await;
+    // PostgreSQL through the proxy; SQLite directly.
+    let (url, proxy) = match &db.postgres {
+        Some(_) => {
+            let (_, rest) = db.url.split_once("@").unwrap();
+            let (hostport, name) = rest.split_once('/').unwrap();
+            let proxy = Proxy::start(hostport.to_string()).await;
+            let url = db.url.replace(&format!("@{hostport}/{name}"), &format!("@127.0.0.1:{}/{name}", proxy.port));
+            (url, Some(proxy))
+        }
+        None => (db.url.clone(), None),
+    };
+    let demo = run_json(gateway(&url, &["demo"], &[]));
+    let key = demo["api_key"].as_str().unwrap().to_string();
+    let port = free_port();
+    let mut server = serve(&url, port).await;
+    assert_eq!(send(port, &key, 0).await.0, 200);
+
+    // The database goes away.
+    let lock = match &proxy {
+        Some(proxy) => {
+            proxy.cut();
+            None
+        }
+        None => {
+            let path = url.trim_start_matches("sqlite://").split('?').next().unwrap().to_string();
+            let conn = rusqlite::Connection::open(path).unwrap();
+            conn.execute_batch("BEGIN EXCLUSIVE").unwrap();
+            Some(conn)
+        }
+    };
+    for i in 1..4 {
+        let started = Instant::now();
+        let (status, retry_after, body) = send(port, &key, i).await;
+        let took = started.elapsed();
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"], "service_unavailable");
+        assert_eq!(body["success"], false);
+        assert!(body["message"].is_string() && body["details"].is_object());
+        assert_eq!(retry_after.as_deref(), Some("1"));
+        // Within the database timeout (1.5 s) for each step that waits on it, never
+        // anything like a hang.
+        assert!(took < Duration::from_secs(8), "answered in {took:?}");
+    }
+
+    // It comes back: the same process serves again.
+    match (&proxy, lock) {
+        (Some(proxy), _) => proxy.restore(),
+        (None, Some(conn)) => conn.execute_batch("COMMIT").unwrap(),
+        (None, None) => unreachable!(),
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut i = 10;
+    loop {
+        let (status, _, body) = send(port, &key, i).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "service resumed: last {status} {body}");
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    server.kill().unwrap();
+    server.wait().unwrap();
+    db.drop_it().await;
+}
