@@ -412,7 +412,16 @@ async fn the_rate_limit_allows_the_burst_then_429_with_retry_after() {
     for _ in 0..3 {
         ok(event(&cx, &pbx, &json!({"event_type": "test"})).await, "received");
     }
-    let r = expect_raw(event(&cx, &pbx, &json!({"event_type": "test"})).await, 429, "webhook_rate_limited");
+    let limited = cx
+        .http
+        .post(format!("{}/integrations/pbx/webhook/{}", cx.base_url, pbx.id))
+        .header("x-gateway-3cx-secret", &pbx.secret)
+        .body(json!({"event_type": "test"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(limited.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    let r = expect_raw((limited.status().as_u16(), limited.json().await.unwrap()), 429, "webhook_rate_limited");
     assert_eq!(r["details"]["retry_after_seconds"], 1, "one token a second at 60 a minute: {r}");
     // Bad payloads and bad credentials do not spend tokens, and come first.
     expect_raw(event(&cx, &pbx, &json!({"event_type": "fax"})).await, 400, "validation_error");

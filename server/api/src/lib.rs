@@ -19,10 +19,10 @@ mod types;
 pub use body::{JsonBody, PbxBody, is_json_content_type, parse_json};
 pub use contract::{CONTRACT_TITLE, CONTRACT_VERSION, openapi_document};
 pub use error::{ApiError, ErrorBody};
-pub use reply::SendReply;
+pub use reply::{JsonReply, PbxReply, SendReply};
 pub use types::*;
 
-use dropshot::{HttpResponseOk, Path, RequestContext};
+use dropshot::{Path, RequestContext};
 
 /// Largest accepted body of `POST /api/send-message`: a 16 MiB media file in base64
 /// (4/3 of its size) plus the other fields.
@@ -77,5 +77,5 @@ pub trait GatewayApi {
         rqctx: RequestContext<Self::Context>,
         path: Path<PbxPath>,
         body: PbxBody,
-    ) -> Result<HttpResponseOk<PbxWebhookResponse>, ApiError>;
+    ) -> Result<PbxReply, ApiError>;
 }

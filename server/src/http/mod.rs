@@ -11,10 +11,10 @@ use crate::config::Config;
 use crate::pbx::{Webhook, WebhookRequest};
 use crate::send::{SendError, SendInput, Sender, idempotency};
 use crate::store::{Answer, Store, now_ms};
-use dropshot::{Body, HttpError, HttpResponseOk, Path, RequestContext, endpoint};
+use dropshot::{Body, HttpError, Path, RequestContext, endpoint};
 use futures::FutureExt;
 use gateway_api::{
-    ApiError, GatewayApi, JsonBody, PbxBody, PbxPath, PbxWebhookResponse, SendMessageRequest, SendReply,
+    ApiError, GatewayApi, JsonBody, JsonReply, PbxBody, PbxPath, PbxReply, SendMessageRequest, SendReply,
 };
 use http::{HeaderMap, Response, StatusCode, header};
 use slog::{Logger, error, info};
@@ -104,7 +104,7 @@ impl GatewayApi for GatewayApiImpl {
         rqctx: RequestContext<Self::Context>,
         path: Path<PbxPath>,
         body: PbxBody,
-    ) -> Result<HttpResponseOk<PbxWebhookResponse>, ApiError> {
+    ) -> Result<PbxReply, ApiError> {
         let state = rqctx.context().clone();
         let remote = rqctx.request.remote_addr().ip();
         let log = rqctx.log.new(slog::o!("component" => "pbx"));
@@ -129,7 +129,15 @@ impl GatewayApi for GatewayApiImpl {
                 WebhookRequest { integration_id: &integration_id, headers: body.headers(), body: &bytes, remote };
             webhook.handle(&request).await
         };
-        catch_panics(&log, handled).await.map(HttpResponseOk)
+        // 429 and 503 carry Retry-After; the answer is the same body either way.
+        match catch_panics(&log, handled).await {
+            Ok(answer) => Ok(PbxReply::new(200, serde_json::to_string(&answer).unwrap_or_default())),
+            Err(e) if matches!(e.status.as_u16(), 429 | 503) => {
+                let answer = error::error_answer(&e);
+                Ok(with_retry_after(PbxReply::new(answer.status, answer.body)))
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -220,11 +228,16 @@ async fn send_message(
 /// The reply for an answer: its bytes, with `Retry-After` (whole seconds, from
 /// `details.retry_after_seconds`) on a 409, 429 or 503.
 fn reply(answer: Answer) -> SendReply {
-    let retry_after = matches!(answer.status, 409 | 429 | 503)
-        .then(|| serde_json::from_str::<serde_json::Value>(&answer.body).ok())
+    with_retry_after(SendReply::new(answer.status, answer.body))
+}
+
+/// Adds `Retry-After` (whole seconds, from `details.retry_after_seconds`) to a 409, 429
+/// or 503.
+fn with_retry_after<T>(reply: JsonReply<T>) -> JsonReply<T> {
+    let retry_after = matches!(reply.status, 409 | 429 | 503)
+        .then(|| serde_json::from_str::<serde_json::Value>(&reply.body).ok())
         .flatten()
         .and_then(|body| body["details"]["retry_after_seconds"].as_i64());
-    let reply = SendReply::new(answer.status, answer.body);
     match retry_after {
         Some(seconds) => reply.with_header("retry-after", seconds.max(1).to_string()),
         None => reply,
