@@ -1,8 +1,9 @@
 //! The message log (one row per send attempt) and the event outbox.
 
-use super::attempts::{IdemOwner, KeyFate};
-use super::writer::WriteOp;
-use super::{Cols, FromCols, Store, StoreError};
+use super::idempotency::{IdemOwner, KeyFate, refusal_key};
+use super::writer::{PgAnswer, Postgres, Statement, Write, unexpected};
+use super::{Cols, FromCols, Store, StoreError, bind_dollar};
+use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
 /// One send attempt, allowed or refused.
@@ -119,11 +120,7 @@ impl Store {
         review: Option<&ReviewItem>,
         answer: Option<(IdemOwner, KeyFate)>,
     ) -> Result<Recorded, StoreError> {
-        let entry = Box::new(entry.clone());
-        let event = event.cloned().map(Box::new);
-        let review = review.cloned().map(Box::new);
-        let answer = answer.map(Box::new);
-        self.write_op(|reply| WriteOp::Record { entry, event, review, answer, reply }).await
+        self.write(Record { entry: entry.clone(), event: event.cloned(), review: review.cloned(), answer }).await
     }
 
     /// The log row with this id.
@@ -157,4 +154,206 @@ impl Store {
             })
             .collect()
     }
+}
+
+/// A log row written whole (a refusal, a request that could not be read), with its
+/// event, its review and, for a request with an idempotency key, the key's fate.
+struct Record {
+    entry: LogEntry,
+    event: Option<OutboxEvent>,
+    review: Option<ReviewItem>,
+    answer: Option<(IdemOwner, KeyFate)>,
+}
+
+impl Write for Record {
+    type Output = Recorded;
+
+    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<Recorded, StoreError> {
+        let recorded = sqlite_record(tx, &self.entry, self.event.as_ref(), self.review.as_ref())?;
+        if let Some((idem, fate)) = &self.answer {
+            let (sql, values) = refusal_key(idem, fate, recorded.log_id);
+            let mut settle = tx.prepare_cached(sql)?;
+            bind_dollar(&mut settle, &values)?;
+            settle.raw_execute()?;
+        }
+        Ok(recorded)
+    }
+
+    fn postgres(&self) -> Postgres {
+        let (entry, event, review) = (&self.entry, self.event.as_ref(), self.review.as_ref());
+        let log = log_json(entry);
+        let review = review.map(|r| {
+            serde_json::json!({
+                "text": r.text, "policy": r.policy, "reason": r.reason, "risk_score": r.risk_score,
+                "pause_threshold": r.pause_threshold, "window_ms": r.window_ms,
+                "pause_reason": r.pause_reason,
+            })
+        });
+        let event = event.map(outbox_json);
+        let arg = serde_json::json!({"op": "record", "log": log, "event": event, "review": review});
+        Postgres::Call { function: "gateway_write_batch", arg }
+    }
+
+    fn read_postgres(&self, answer: PgAnswer) -> Result<Recorded, StoreError> {
+        let PgAnswer::Value(r) = answer else { return Err(StoreError::Conflict("a record had no answer".into())) };
+        Ok(Recorded { log_id: r["id"].as_i64().ok_or_else(|| unexpected(&r))?, paused: r["paused"] == true })
+    }
+
+    /// The key's fate needs the row's id, so it follows the batch function.
+    fn postgres_then(&self, recorded: &Recorded) -> Vec<Statement> {
+        match &self.answer {
+            Some((idem, fate)) => {
+                let (sql, params) = refusal_key(idem, fate, recorded.log_id);
+                vec![Statement { sql, params }]
+            }
+            None => Vec::new(),
+        }
+    }
+
+    fn has_then(&self) -> bool {
+        self.answer.is_some()
+    }
+}
+
+const INSERT_LOG_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
+     recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, \
+     policy_trace) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING id";
+/// A message that went (or may have gone) out counts toward its recipient's contact.
+const CONTACT_SENT_SQL: &str = "INSERT INTO contacts (instance_id, phone, first_sent_at, last_sent_at, sent_total) \
+     VALUES ($1, $2, $3, $3, 1) ON CONFLICT (instance_id, phone) DO UPDATE SET \
+     first_sent_at = COALESCE(contacts.first_sent_at, excluded.first_sent_at), \
+     last_sent_at = excluded.last_sent_at, sent_total = contacts.sent_total + 1";
+const INSERT_REVIEW_SQL: &str = "INSERT INTO review_queue (log_id, customer_id, instance_id, source, purpose, \
+     recipient, message_type, text, policy, reason, risk_score, created_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)";
+const COUNT_REVIEWS_SQL: &str = "SELECT COUNT(*) FROM review_queue WHERE instance_id = $1 AND created_at >= $2";
+const PAUSE_SQL: &str = "UPDATE instances SET paused = 1, paused_reason = $2 WHERE id = $1 AND paused = 0";
+const INSERT_OUTBOX_SQL: &str = "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, \
+     available_at) VALUES ($1, $2, $3, $4, $5, $5)";
+
+pub(super) fn log_values(e: &LogEntry) -> Vec<SqlValue> {
+    let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
+    vec![
+        SqlValue::Text(e.customer_id.clone()),
+        text(&e.instance_id),
+        text(&e.api_key_id),
+        SqlValue::Text(e.source.clone()),
+        text(&e.purpose),
+        text(&e.recipient),
+        text(&e.message_type),
+        SqlValue::Text(e.decision.clone()),
+        text(&e.error_code),
+        text(&e.policy),
+        text(&e.reason),
+        text(&e.provider_message_id),
+        SqlValue::Text(e.status.clone()),
+        SqlValue::Integer(e.created_at),
+        text(&e.policy_trace),
+    ]
+}
+
+/// Whether an attempt's message went out, or may have.
+fn went_out(e: &LogEntry) -> bool {
+    e.decision == "allowed" && matches!(e.status.as_str(), "sent" | "unknown")
+}
+
+fn outbox_values(e: &OutboxEvent) -> Vec<SqlValue> {
+    vec![
+        SqlValue::Text(e.customer_id.clone()),
+        e.instance_id.clone().map_or(SqlValue::Null, SqlValue::Text),
+        SqlValue::Text(e.event_type.clone()),
+        SqlValue::Text(e.payload.to_string()),
+        SqlValue::Integer(e.created_at),
+    ]
+}
+
+fn sqlite_record(
+    tx: &rusqlite::Transaction<'_>,
+    entry: &LogEntry,
+    event: Option<&OutboxEvent>,
+    review: Option<&ReviewItem>,
+) -> Result<Recorded, StoreError> {
+    let mut insert = tx.prepare_cached(INSERT_LOG_SQL)?;
+    bind_dollar(&mut insert, &log_values(entry))?;
+    let log_id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
+    if let Some(event) = event {
+        sqlite_outbox(tx, event)?;
+    }
+    if went_out(entry)
+        && let (Some(instance), Some(phone)) = (&entry.instance_id, &entry.recipient)
+    {
+        sqlite_contact(tx, instance, phone, entry.created_at)?;
+    }
+    let mut paused = false;
+    if let (Some(review), Some(instance)) = (review, &entry.instance_id) {
+        let mut insert = tx.prepare_cached(INSERT_REVIEW_SQL)?;
+        bind_dollar(&mut insert, &review_values(log_id, entry, review))?;
+        insert.raw_execute()?;
+        let recent: i64 = tx
+            .prepare_cached(COUNT_REVIEWS_SQL)?
+            .query_row(rusqlite::params![instance, entry.created_at - review.window_ms], |r| r.get(0))?;
+        if recent >= review.pause_threshold {
+            let mut pause = tx.prepare_cached(PAUSE_SQL)?;
+            bind_dollar(&mut pause, &[SqlValue::Text(instance.clone()), SqlValue::Text(review.pause_reason.clone())])?;
+            paused = pause.raw_execute()? > 0;
+        }
+    }
+    Ok(Recorded { log_id, paused })
+}
+
+/// Writes an outbox event.
+pub(super) fn sqlite_outbox(tx: &rusqlite::Transaction<'_>, event: &OutboxEvent) -> Result<(), StoreError> {
+    let mut insert = tx.prepare_cached(INSERT_OUTBOX_SQL)?;
+    bind_dollar(&mut insert, &outbox_values(event))?;
+    insert.raw_execute()?;
+    Ok(())
+}
+
+/// Counts a message that went (or may have gone) out toward its recipient's contact.
+pub(super) fn sqlite_contact(
+    tx: &rusqlite::Transaction<'_>,
+    instance: &str,
+    phone: &str,
+    at: i64,
+) -> Result<(), StoreError> {
+    tx.prepare_cached(CONTACT_SENT_SQL)?.execute(rusqlite::params![instance, phone, at])?;
+    Ok(())
+}
+
+fn review_values(log_id: i64, e: &LogEntry, r: &ReviewItem) -> Vec<SqlValue> {
+    let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
+    vec![
+        SqlValue::Integer(log_id),
+        SqlValue::Text(e.customer_id.clone()),
+        text(&e.instance_id),
+        SqlValue::Text(e.source.clone()),
+        text(&e.purpose),
+        text(&e.recipient),
+        text(&e.message_type),
+        text(&r.text),
+        SqlValue::Text(r.policy.clone()),
+        SqlValue::Text(r.reason.clone()),
+        SqlValue::Integer(i64::from(r.risk_score)),
+        SqlValue::Integer(e.created_at),
+    ]
+}
+
+/// A log row as the batch functions read it.
+pub(super) fn log_json(e: &LogEntry) -> serde_json::Value {
+    serde_json::json!({
+        "customer_id": e.customer_id, "instance_id": e.instance_id, "api_key_id": e.api_key_id,
+        "source": e.source, "purpose": e.purpose, "recipient": e.recipient,
+        "message_type": e.message_type, "decision": e.decision, "error_code": e.error_code,
+        "policy": e.policy, "reason": e.reason, "provider_message_id": e.provider_message_id,
+        "status": e.status, "created_at": e.created_at, "policy_trace": e.policy_trace,
+        "went_out": went_out(e),
+    })
+}
+
+/// An outbox event as the batch functions read it.
+pub(super) fn outbox_json(v: &OutboxEvent) -> serde_json::Value {
+    serde_json::json!({
+        "customer_id": v.customer_id, "instance_id": v.instance_id, "event_type": v.event_type,
+        "payload": v.payload.to_string(), "created_at": v.created_at,
+    })
 }

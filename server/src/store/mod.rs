@@ -18,6 +18,7 @@ mod counters;
 mod customers;
 mod dashboard;
 mod dashboard_lists;
+mod idempotency;
 mod ingress;
 mod keys;
 mod messages;
@@ -26,13 +27,12 @@ mod policies;
 mod webhooks;
 mod writer;
 
-pub use attempts::{
-    Answer, Began, Begin, CLAIM_LEASE_MS, Claim, Finish, IdemOwner, KEY_TTL_MS, KeyFate, ORPHAN_REASON,
-};
+pub use attempts::{Began, Begin, Finish, ORPHAN_REASON};
 pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, SendContext};
 pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};
 pub use dashboard_lists::{InboundRow, LogFilter, Suppression, Usage};
+pub use idempotency::{Answer, CLAIM_LEASE_MS, Claim, IdemOwner, KEY_TTL_MS, KeyFate};
 pub use ingress::Applied;
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};
@@ -109,7 +109,7 @@ pub struct Store {
     write: AnyPool,
     backend: Backend,
     /// The group-commit writer of the send path (see `writer`).
-    writer: tokio::sync::mpsc::Sender<writer::WriteOp>,
+    writer: tokio::sync::mpsc::Sender<writer::Queued>,
     /// SQLite only: plain connections for the send path's reads (see `read_one`).
     sqlite_readers: Option<Arc<SqliteReaders>>,
 }
@@ -373,12 +373,10 @@ impl Store {
     }
 
     /// Queues a write for the group-commit writer and waits for its result.
-    async fn write_op<T>(
-        &self,
-        op: impl FnOnce(tokio::sync::oneshot::Sender<Result<T, StoreError>>) -> writer::WriteOp,
-    ) -> Result<T, StoreError> {
+    async fn write<W: writer::Write>(&self, write: W) -> Result<W::Output, StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        self.writer.send(op(reply)).await.map_err(|_| StoreError::Closed)?;
+        let pending = writer::Pending { write, output: None, reply };
+        self.writer.send(Box::new(pending)).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 

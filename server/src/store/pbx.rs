@@ -6,8 +6,8 @@
 //! needs no send its log row) is one write of the group-commit writer (`writer`), so a
 //! burst of signed events costs one transaction per batch, not three per request.
 
-use super::writer::WriteOp;
-use super::{Cols, FromCols, Store, StoreError, flag, now_ms};
+use super::writer::{PgAnswer, Postgres, Write, unexpected};
+use super::{Cols, FromCols, Store, StoreError, bind_dollar, flag, now_ms};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
@@ -114,12 +114,12 @@ impl FromCols for PbxEvent {
 pub(super) const EVENT_COLUMNS: &str = "id, integration_id, customer_id, event_type, action, status_code, error_code, phone, \
      message_id, external_message_id, response, created_at";
 
-pub(super) const INSERT_EVENT_SQL: &str = "INSERT INTO pbx_events (integration_id, customer_id, event_type, \
+const INSERT_EVENT_SQL: &str = "INSERT INTO pbx_events (integration_id, customer_id, event_type, \
      action, status_code, error_code, phone, message_id, external_message_id, response, created_at) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING id";
 
 /// Values of `INSERT_EVENT_SQL`.
-pub(super) fn event_values(e: &PbxEvent) -> Vec<SqlValue> {
+fn event_values(e: &PbxEvent) -> Vec<SqlValue> {
     let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
     vec![
         SqlValue::Integer(e.integration_id),
@@ -176,15 +176,15 @@ pub enum Admission {
 }
 
 /// The GCRA upsert (SQLite; PostgreSQL runs the same logic in `gateway_pbx_admit`).
-pub(super) const RATE_SQL: &str = "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($1, $2 + $3, $2 + $3) \
+const RATE_SQL: &str = "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($1, $2 + $3, $2 + $3) \
      ON CONFLICT (key) DO UPDATE SET \
        tat = (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) + $3, \
        expires_at = (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) + $3 \
      WHERE (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) - $2 <= $4 \
      RETURNING tat";
-pub(super) const SEEN_SQL: &str = "INSERT INTO pbx_seen_signatures (ts, integration_id, signature) \
+const SEEN_SQL: &str = "INSERT INTO pbx_seen_signatures (ts, integration_id, signature) \
      VALUES ($1, $2, $3) ON CONFLICT (ts, integration_id, signature) DO NOTHING";
-pub(super) const TAT_SQL: &str = "SELECT tat FROM rate_limits WHERE key = $1";
+const TAT_SQL: &str = "SELECT tat FROM rate_limits WHERE key = $1";
 
 /// Changes to an integration's settings; `None` leaves a setting as it is.
 #[derive(Clone, Debug, Default)]
@@ -342,7 +342,7 @@ impl Store {
     /// Replay check, rate limit and (for an event that sends nothing) its log row, in
     /// one write of the group-commit writer.
     pub async fn pbx_admit(&self, admit: PbxAdmit) -> Result<Admission, StoreError> {
-        self.write_op(|reply| WriteOp::PbxAdmit { admit: Box::new(admit), reply }).await
+        self.write(admit).await
     }
 
     /// Writes an event's log row; its id.
@@ -511,5 +511,104 @@ impl Store {
             rows += sqlx::query(sql).bind(at).execute(&self.write).await?.rows_affected();
         }
         Ok(rows)
+    }
+}
+
+impl Write for PbxAdmit {
+    type Output = Admission;
+
+    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<Admission, StoreError> {
+        sqlite_pbx_admit(tx, self)
+    }
+
+    /// The same writes in `gateway_pbx_admit` (migration 0003), where "now" for the
+    /// limiter is the database's clock, shared by every replica.
+    fn postgres(&self) -> Postgres {
+        let admit = self;
+        let a = admit;
+        let log = a.log.as_ref().map(|l| {
+            serde_json::json!({
+                "integration_id": l.integration_id, "customer_id": l.customer_id, "event_type": l.event_type,
+                "action": l.action, "status_code": l.status_code, "error_code": l.error_code,
+                "phone": l.phone, "message_id": l.message_id, "external_message_id": l.external_message_id,
+                "response": l.response, "created_at": l.created_at,
+            })
+        });
+        let rate = a
+            .rate
+            .as_ref()
+            .map(|r| serde_json::json!({"key": r.key, "interval": r.interval_ms, "tolerance": r.tolerance_ms}));
+        let arg = serde_json::json!({"integration_id": a.integration_id, "signature": a.signature,
+                               "signature_ts": a.signature_ts, "rate": rate, "log": log});
+        Postgres::Call { function: "gateway_pbx_admit", arg }
+    }
+
+    fn read_postgres(&self, answer: PgAnswer) -> Result<Admission, StoreError> {
+        let PgAnswer::Value(r) = answer else { return Err(StoreError::Conflict("an admission had no answer".into())) };
+        if r["replay"] == true {
+            return Ok(Admission::Replayed);
+        }
+        if !r.is_object() {
+            return Err(unexpected(&r));
+        }
+        Ok(Admission::Admitted { rate_limited_for_ms: r["rate_limited_for_ms"].as_i64(), log_id: r["log_id"].as_i64() })
+    }
+}
+
+fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admission, StoreError> {
+    if let Some(signature) = &a.signature {
+        let mut stmt = tx.prepare_cached(SEEN_SQL)?;
+        bind_dollar(
+            &mut stmt,
+            &[
+                SqlValue::Integer(a.signature_ts),
+                SqlValue::Integer(a.integration_id),
+                SqlValue::Text(signature.clone()),
+            ],
+        )?;
+        if stmt.raw_execute()? == 0 {
+            return Ok(Admission::Replayed);
+        }
+    }
+    let mut rate_limited_for_ms = None;
+    if let Some(rate) = &a.rate {
+        let now = now_ms();
+        let mut stmt = tx.prepare_cached(RATE_SQL)?;
+        bind_dollar(
+            &mut stmt,
+            &[
+                SqlValue::Text(rate.key.clone()),
+                SqlValue::Integer(now),
+                SqlValue::Integer(rate.interval_ms),
+                SqlValue::Integer(rate.tolerance_ms),
+            ],
+        )?;
+        let allowed = stmt.raw_query().next()?.is_some();
+        if !allowed {
+            let tat: i64 = tx.prepare_cached(TAT_SQL)?.query_row([&rate.key], |row| row.get(0))?;
+            rate_limited_for_ms = Some(tat - now - rate.tolerance_ms);
+        }
+    }
+    let mut log_id = None;
+    if let Some(log) = &a.log {
+        let log = admitted_log(log, rate_limited_for_ms);
+        let mut insert = tx.prepare_cached(INSERT_EVENT_SQL)?;
+        bind_dollar(&mut insert, &event_values(&log))?;
+        log_id = Some(insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?);
+    }
+    Ok(Admission::Admitted { rate_limited_for_ms, log_id })
+}
+
+/// The log row of an admitted event: as given, or `rate_limited` when the limit refused.
+fn admitted_log(log: &PbxEvent, rate_limited_for_ms: Option<i64>) -> PbxEvent {
+    match rate_limited_for_ms {
+        None => log.clone(),
+        Some(_) => PbxEvent {
+            action: "rate_limited".into(),
+            status_code: 429,
+            error_code: Some("webhook_rate_limited".into()),
+            response: None,
+            ..log.clone()
+        },
     }
 }

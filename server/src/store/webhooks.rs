@@ -8,7 +8,7 @@
 //! (its log row, the event's next state, the endpoint's failure clock) is one write of
 //! the group-commit writer.
 
-use super::writer::{Statement, WriteOp};
+use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, sqlite_exec};
 use super::{Backend, Cols, FromCols, Store, StoreError, flag, now_ms};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
@@ -288,7 +288,7 @@ impl Store {
                 params: vec![SqlValue::Integer(now), SqlValue::Integer(*id)],
             })
             .collect();
-        self.write_op(|reply| WriteOp::Exec { statements, finish: None, reply }).await.map(|_| ())
+        self.write(Exec(statements)).await.map(|_| ())
     }
 
     /// One outbox event.
@@ -379,9 +379,11 @@ impl Store {
         if statements.is_empty() {
             return Ok(());
         }
-        let finish =
-            (self.backend == Backend::Postgres).then(|| finish_json(event_id, attempt, &state, &endpoint, now));
-        self.write_op(|reply| WriteOp::Exec { statements, finish, reply }).await.map(|_| ())
+        if self.backend == Backend::Postgres {
+            let finish = finish_json(event_id, attempt, &state, &endpoint, now);
+            return self.write(FinishDelivery { statements, finish }).await;
+        }
+        self.write(Exec(statements)).await.map(|_| ())
     }
 
     /// Attempts of one event, oldest first.
@@ -469,4 +471,27 @@ fn finish_json(
         "event_id": event_id, "attempt": attempt, "state": state, "outcome": outcome, "at": at,
         "counted": counted, "change": change, "reason": reason, "now": now,
     })
+}
+
+/// The end of a delivery attempt: its statements on SQLite; on PostgreSQL one element of
+/// `gateway_webhook_finish` (migration 0004), which does the same writes.
+struct FinishDelivery {
+    statements: Vec<Statement>,
+    finish: serde_json::Value,
+}
+
+impl Write for FinishDelivery {
+    type Output = ();
+
+    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+        self.statements.iter().try_for_each(|st| sqlite_exec(tx, st).map(|_| ()))
+    }
+
+    fn postgres(&self) -> Postgres {
+        Postgres::Call { function: "gateway_webhook_finish", arg: self.finish.clone() }
+    }
+
+    fn read_postgres(&self, _: PgAnswer) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

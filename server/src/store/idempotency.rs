@@ -1,0 +1,161 @@
+//! Idempotency keys of send-message (the keys table): claimed before the pipeline
+//! runs, answered with the request's log row, replayed, and pruned after 24 hours.
+//! What a key means on the wire is `send::idempotency`; the attempt writes that link a
+//! key to its attempt row are in `attempts`.
+
+use super::writer::{Exec, Statement};
+use super::{Store, StoreError};
+use rusqlite::types::Value as SqlValue;
+use sqlx::Row;
+
+/// The final answer of a request, as the caller received it (status and exact body).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    pub status: u16,
+    pub body: String,
+}
+
+/// What becomes of a request's idempotency key when its answer is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyFate {
+    /// The answer is final: kept and replayed for the same key and body.
+    Keep(Answer),
+    /// The answer says "try again" and nothing was sent (throttled, over quota, a
+    /// provider that proved it did not take the message): the key is given up, so a
+    /// retry with it runs again.
+    Release,
+}
+
+/// The idempotency claim a request holds: its key and the token that proves it is the
+/// claim's owner.
+#[derive(Clone, Debug)]
+pub struct IdemOwner {
+    pub customer_id: String,
+    pub key: String,
+    pub owner: String,
+}
+
+/// What claiming a key found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The key is this request's: run the pipeline.
+    Claimed,
+    /// The key's first request finished: its answer.
+    Replay(Answer),
+    /// The key was used with another request body.
+    Mismatch,
+    /// The key's first request is still running. `log_id` is its attempt row once it
+    /// reached the provider; `lease_until` bounds how long it may take to get there.
+    /// `since` is when the key was claimed.
+    InProgress { log_id: Option<i64>, lease_until: Option<i64>, since: i64 },
+}
+
+/// How long a claimed key may take to reach its attempt row before another request
+/// with the same key may take it over (the request's process is presumed gone).
+pub const CLAIM_LEASE_MS: i64 = 30_000;
+/// How long a key and its answer are kept.
+pub const KEY_TTL_MS: i64 = 24 * 3_600_000;
+
+const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, created_at, \
+     expires_at, lease_until) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+     ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash, \
+     owner = excluded.owner, created_at = excluded.created_at, expires_at = excluded.expires_at, \
+     lease_until = excluded.lease_until, log_id = NULL, response_status = NULL, response_body = NULL \
+     WHERE idempotency_keys.expires_at <= excluded.created_at \
+     OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL \
+     AND idempotency_keys.lease_until <= excluded.created_at \
+     AND idempotency_keys.request_hash = excluded.request_hash)";
+const KEY_SQL: &str = "SELECT request_hash, lease_until, log_id, response_status, response_body, created_at \
+     FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND expires_at > $3";
+/// The answer of a refused request, kept with its log row.
+const ANSWER_REFUSAL_SQL: &str = "UPDATE idempotency_keys SET response_status = $4, response_body = $5, \
+     log_id = $6, lease_until = NULL WHERE customer_id = $1 AND idem_key = $2 AND owner = $3 \
+     AND response_status IS NULL";
+/// A refused request gives its key up (see `KeyFate::Release`).
+pub(super) const RELEASE_REFUSAL_SQL: &str =
+    "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND owner = $3";
+
+impl Store {
+    /// Claims `key` for a request whose parsed body hashes to `request_hash`; `owner`
+    /// is the request's own token.
+    pub async fn claim_idempotency(&self, idem: &IdemOwner, request_hash: &str, now: i64) -> Result<Claim, StoreError> {
+        let params = vec![
+            SqlValue::Text(idem.customer_id.clone()),
+            SqlValue::Text(idem.key.clone()),
+            SqlValue::Text(request_hash.to_string()),
+            SqlValue::Text(idem.owner.clone()),
+            SqlValue::Integer(now),
+            SqlValue::Integer(now + KEY_TTL_MS),
+            SqlValue::Integer(now + CLAIM_LEASE_MS),
+        ];
+        let statements = vec![Statement { sql: CLAIM_SQL, params }];
+        let rows = self.write(Exec(statements)).await?;
+        if rows.first().copied().unwrap_or(0) > 0 {
+            return Ok(Claim::Claimed);
+        }
+        let row =
+            sqlx::query(KEY_SQL).bind(&idem.customer_id).bind(&idem.key).bind(now).fetch_optional(&self.read).await?;
+        // Expired between the two statements: claim it again.
+        let Some(row) = row else { return Box::pin(self.claim_idempotency(idem, request_hash, now)).await };
+        let hash: String = row.try_get("request_hash")?;
+        if hash != request_hash {
+            return Ok(Claim::Mismatch);
+        }
+        let status: Option<i64> = row.try_get("response_status")?;
+        let body: Option<String> = row.try_get("response_body")?;
+        if let (Some(status), Some(body)) = (status, body) {
+            return Ok(Claim::Replay(Answer { status: status as u16, body }));
+        }
+        Ok(Claim::InProgress {
+            log_id: row.try_get("log_id")?,
+            lease_until: row.try_get("lease_until")?,
+            since: row.try_get("created_at")?,
+        })
+    }
+
+    /// The attempt row a key's request wrote, if it got that far.
+    pub async fn idempotency_attempt(&self, customer_id: &str, key: &str) -> Result<Option<i64>, StoreError> {
+        let row = sqlx::query("SELECT log_id FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2")
+            .bind(customer_id)
+            .bind(key)
+            .fetch_optional(&self.read)
+            .await?;
+        Ok(row.map(|r| r.try_get::<Option<i64>, _>("log_id")).transpose()?.flatten())
+    }
+
+    /// Gives up a key whose request never wrote its attempt row (nothing was sent).
+    pub async fn release_idempotency(&self, customer_id: &str, key: &str) -> Result<(), StoreError> {
+        let statements = vec![Statement {
+            sql: "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND log_id IS NULL",
+            params: vec![SqlValue::Text(customer_id.into()), SqlValue::Text(key.into())],
+        }];
+        self.write(Exec(statements)).await.map(|_| ())
+    }
+
+    /// Deletes idempotency keys past their 24 hours; returns how many.
+    pub async fn prune_idempotency(&self, now: i64) -> Result<u64, StoreError> {
+        let done =
+            sqlx::query("DELETE FROM idempotency_keys WHERE expires_at < $1").bind(now).execute(&self.write).await?;
+        Ok(done.rows_affected())
+    }
+}
+
+pub(super) fn owner_values(idem: &IdemOwner) -> [SqlValue; 3] {
+    [SqlValue::Text(idem.customer_id.clone()), SqlValue::Text(idem.key.clone()), SqlValue::Text(idem.owner.clone())]
+}
+
+/// The statement and values that settle a refused request's key.
+pub(super) fn refusal_key(idem: &IdemOwner, fate: &KeyFate, log_id: i64) -> (&'static str, Vec<SqlValue>) {
+    let mut values = owner_values(idem).to_vec();
+    match fate {
+        KeyFate::Release => (RELEASE_REFUSAL_SQL, values),
+        KeyFate::Keep(answer) => {
+            values.extend([
+                SqlValue::Integer(i64::from(answer.status)),
+                SqlValue::Text(answer.body.clone()),
+                SqlValue::Integer(log_id),
+            ]);
+            (ANSWER_REFUSAL_SQL, values)
+        }
+    }
+}
