@@ -36,6 +36,7 @@ DECLARE
     taken text[];
     hit int;
     used bigint;
+    got jsonb;
     counts jsonb;
 BEGIN
     IF jsonb_array_length(r) = 0 THEN
@@ -48,9 +49,10 @@ BEGIN
         ON CONFLICT (scope, window_start) DO UPDATE
             SET count = usage_counters.count + 1, lim = excluded.lim
             WHERE usage_counters.count < excluded.lim
-        RETURNING scope
+        RETURNING scope, count
     )
-    SELECT coalesce(array_agg(scope), '{}') INTO taken FROM ins;
+    SELECT coalesce(array_agg(scope), '{}'), coalesce(jsonb_object_agg(scope, count), '{}'::jsonb)
+    INTO taken, got FROM ins;
     hit := NULL;
     FOR i IN 0 .. jsonb_array_length(r) - 1 LOOP
         IF NOT ((r->i->>'scope') = ANY (taken)) THEN
@@ -59,9 +61,8 @@ BEGIN
         END IF;
     END LOOP;
     IF hit IS NULL THEN
-        SELECT jsonb_agg(u.count ORDER BY x.ord) INTO counts
-        FROM jsonb_array_elements(r) WITH ORDINALITY AS x(v, ord)
-        JOIN usage_counters u ON u.scope = x.v->>'scope' AND u.window_start = (x.v->>'window_start')::bigint;
+        SELECT jsonb_agg(got->(x.v->>'scope') ORDER BY x.ord) INTO counts
+        FROM jsonb_array_elements(r) WITH ORDINALITY AS x(v, ord);
         RETURN jsonb_build_object('ok', true, 'counts', counts);
     END IF;
     UPDATE usage_counters u SET count = u.count - 1
@@ -75,6 +76,10 @@ END;
 $$;
 
 -- The attempt writes of the send path, applied in order in the caller's statement:
+--   claim  {customer_id, key, hash, owner, now, expires_at, lease_until}
+--          the idempotency key is taken if free, expired, or left by a request that
+--          never reached its attempt row (same body, lease over): {"claimed": bool}
+--          (the same statement as CLAIM_SQL in store/idempotency.rs).
 --   begin  {r, log, deadline_at, idem: {customer_id, key, owner} | null}
 --          the idempotency claim must still be this request's (else {"lost": true});
 --          the counters are taken (else gateway_reserve's answer); the log row is
@@ -125,6 +130,20 @@ BEGIN
             END IF;
             results := results || jsonb_build_array(jsonb_build_object('ok', true, 'id', new_id,
                 'counts', reserved->'counts'));
+        ELSIF op->>'op' = 'claim' THEN
+            INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, created_at, expires_at,
+                lease_until)
+            VALUES (op->>'customer_id', op->>'key', op->>'hash', op->>'owner', (op->>'now')::bigint,
+                (op->>'expires_at')::bigint, (op->>'lease_until')::bigint)
+            ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash,
+                owner = excluded.owner, created_at = excluded.created_at, expires_at = excluded.expires_at,
+                lease_until = excluded.lease_until, log_id = NULL, response_status = NULL, response_body = NULL
+            WHERE idempotency_keys.expires_at <= excluded.created_at
+               OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL
+                   AND idempotency_keys.lease_until <= excluded.created_at
+                   AND idempotency_keys.request_hash = excluded.request_hash);
+            GET DIAGNOSTICS n = ROW_COUNT;
+            results := results || jsonb_build_array(jsonb_build_object('claimed', n > 0));
         ELSIF op->>'op' = 'finish' THEN
             UPDATE message_log SET status = op->>'status', decision = coalesce(op->>'decision', decision),
                 error_code = op->>'error_code',

@@ -3,7 +3,7 @@
 //! What a key means on the wire is `send::idempotency`; the attempt writes that link a
 //! key to its attempt row are in `attempts`.
 
-use super::writer::{Exec, Statement};
+use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, sqlite_exec};
 use super::{Store, StoreError};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
@@ -79,18 +79,8 @@ impl Store {
     /// Claims `key` for a request whose parsed body hashes to `request_hash`; `owner`
     /// is the request's own token.
     pub async fn claim_idempotency(&self, idem: &IdemOwner, request_hash: &str, now: i64) -> Result<Claim, StoreError> {
-        let params = vec![
-            SqlValue::Text(idem.customer_id.clone()),
-            SqlValue::Text(idem.key.clone()),
-            SqlValue::Text(request_hash.to_string()),
-            SqlValue::Text(idem.owner.clone()),
-            SqlValue::Integer(now),
-            SqlValue::Integer(now + KEY_TTL_MS),
-            SqlValue::Integer(now + CLAIM_LEASE_MS),
-        ];
-        let statements = vec![Statement { sql: CLAIM_SQL, params }];
-        let rows = self.write(Exec(statements)).await?;
-        if rows.first().copied().unwrap_or(0) > 0 {
+        let claim = ClaimKey { idem: idem.clone(), request_hash: request_hash.to_string(), now };
+        if self.write(claim).await? {
             return Ok(Claim::Claimed);
         }
         let row =
@@ -156,6 +146,49 @@ pub(super) fn refusal_key(idem: &IdemOwner, fate: &KeyFate, log_id: i64) -> (&'s
                 SqlValue::Integer(log_id),
             ]);
             (ANSWER_REFUSAL_SQL, values)
+        }
+    }
+}
+
+/// The conditional upsert of a key (`Store::claim_idempotency`): true when taken. On
+/// PostgreSQL an element of `gateway_send_ops` (migration 0008), so it rides in the
+/// batch's one statement.
+struct ClaimKey {
+    idem: IdemOwner,
+    request_hash: String,
+    now: i64,
+}
+
+impl Write for ClaimKey {
+    type Output = bool;
+
+    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<bool, StoreError> {
+        let (idem, now) = (&self.idem, self.now);
+        let params = vec![
+            SqlValue::Text(idem.customer_id.clone()),
+            SqlValue::Text(idem.key.clone()),
+            SqlValue::Text(self.request_hash.clone()),
+            SqlValue::Text(idem.owner.clone()),
+            SqlValue::Integer(now),
+            SqlValue::Integer(now + KEY_TTL_MS),
+            SqlValue::Integer(now + CLAIM_LEASE_MS),
+        ];
+        Ok(sqlite_exec(tx, &Statement { sql: CLAIM_SQL, params })? > 0)
+    }
+
+    fn postgres(&self) -> Postgres {
+        let (idem, now) = (&self.idem, self.now);
+        let arg = serde_json::json!({
+            "op": "claim", "customer_id": idem.customer_id, "key": idem.key, "hash": self.request_hash,
+            "owner": idem.owner, "now": now, "expires_at": now + KEY_TTL_MS, "lease_until": now + CLAIM_LEASE_MS,
+        });
+        Postgres::Call { function: "gateway_send_ops", arg }
+    }
+
+    fn read_postgres(&self, answer: PgAnswer) -> Result<bool, StoreError> {
+        match answer {
+            PgAnswer::Value(r) => Ok(r["claimed"] == true),
+            PgAnswer::Rows(_) => Err(StoreError::Conflict("a claim had no answer".into())),
         }
     }
 }
