@@ -212,9 +212,14 @@ async fn an_attempt_orphaned_by_a_dead_process_becomes_unknown_and_answers_its_k
     // pending with a deadline in the past.
     let request: gateway_api::SendMessageRequest = serde_json::from_value(body.clone()).unwrap();
     let hash = gateway_server::send::idempotency::request_hash(&request);
-    let owner = IdemOwner { customer_id: cx.tenant.customer_id.clone(), key: "dead".into(), owner: "req_dead".into() };
+    let owner = IdemOwner {
+        customer_id: cx.tenant.customer_id.clone(),
+        key: "dead".into(),
+        owner: "req_dead".into(),
+        request_hash: hash,
+    };
     let past = now_ms() - 60_000;
-    cx.store().claim_idempotency(&owner, &hash, past).await.unwrap();
+    cx.store().claim_idempotency(&owner, past).await.unwrap();
     let entry = LogEntry {
         customer_id: cx.tenant.customer_id.clone(),
         instance_id: Some(cx.tenant.instance_id.clone()),

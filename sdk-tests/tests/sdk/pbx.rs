@@ -653,8 +653,9 @@ async fn an_external_message_id_orphaned_by_a_dead_process_gets_a_definite_answe
         customer_id: cx.tenant.customer_id.clone(),
         key: format!("pbx:{}:3cx-dead-2", pbx.id),
         owner: "req_dead".into(),
+        request_hash: "pbx".into(),
     };
-    cx.store().claim_idempotency(&key, "pbx", past).await.unwrap();
+    cx.store().claim_idempotency(&key, past).await.unwrap();
     let entry = LogEntry {
         customer_id: cx.tenant.customer_id.clone(),
         instance_id: Some(cx.tenant.instance_id.clone()),

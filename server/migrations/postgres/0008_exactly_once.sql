@@ -75,15 +75,38 @@ BEGIN
 END;
 $$;
 
+-- Takes an idempotency key (c: {customer_id, key, hash, owner, now, expires_at,
+-- lease_until}) if it is free (absent, expired, or left before its attempt row by a
+-- request whose lease ended, with the same body) or already this request's; true when
+-- taken. The same statement as CLAIM_SQL in store/idempotency.rs.
+CREATE OR REPLACE FUNCTION gateway_claim_key(c jsonb) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    n int;
+BEGIN
+    INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, created_at, expires_at, lease_until)
+    VALUES (c->>'customer_id', c->>'key', c->>'hash', c->>'owner', (c->>'now')::bigint,
+        (c->>'expires_at')::bigint, (c->>'lease_until')::bigint)
+    ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash,
+        owner = excluded.owner, created_at = excluded.created_at, expires_at = excluded.expires_at,
+        lease_until = excluded.lease_until, log_id = NULL, response_status = NULL, response_body = NULL
+    WHERE idempotency_keys.expires_at <= excluded.created_at
+       OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL
+           AND idempotency_keys.lease_until <= excluded.created_at
+           AND idempotency_keys.request_hash = excluded.request_hash)
+       OR (idempotency_keys.owner = excluded.owner AND idempotency_keys.log_id IS NULL
+           AND idempotency_keys.response_status IS NULL);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n > 0;
+END;
+$$;
+
 -- The attempt writes of the send path, applied in order in the caller's statement:
---   claim  {customer_id, key, hash, owner, now, expires_at, lease_until}
---          the idempotency key is taken if free, expired, or left by a request that
---          never reached its attempt row (same body, lease over): {"claimed": bool}
---          (the same statement as CLAIM_SQL in store/idempotency.rs).
---   begin  {r, log, deadline_at, idem: {customer_id, key, owner} | null}
---          the idempotency claim must still be this request's (else {"lost": true});
---          the counters are taken (else gateway_reserve's answer); the log row is
---          inserted as pending and linked to the key: {"ok": true, "id": n}.
+--   claim  a key (gateway_claim_key): {"claimed": bool}.
+--   begin  {r, log, deadline_at, idem: claim | null}
+--          the key is taken in the same write (else {"lost": true}, nothing written);
+--          the counters are taken (else gateway_reserve's answer, and the key given
+--          back); the log row is inserted as pending and linked to the key:
+--          {"ok": true, "id": n, "counts": [...]}.
 --   finish {id, status, error_code, policy, reason, provider_message_id, went_out,
 --           instance_id, recipient, at, event | null, release: [...], answer | null}
 --          a pending row gets its outcome, its event, its contact and its released
@@ -99,18 +122,17 @@ DECLARE
 BEGIN
     FOR op IN SELECT value FROM jsonb_array_elements(ops) LOOP
         IF op->>'op' = 'begin' THEN
-            IF jsonb_typeof(op->'idem') = 'object' THEN
-                PERFORM 1 FROM idempotency_keys
-                WHERE customer_id = op->'idem'->>'customer_id' AND idem_key = op->'idem'->>'key'
-                  AND owner = op->'idem'->>'owner' AND log_id IS NULL AND response_status IS NULL
-                FOR UPDATE;
-                IF NOT FOUND THEN
-                    results := results || jsonb_build_array(jsonb_build_object('lost', true));
-                    CONTINUE;
-                END IF;
+            IF jsonb_typeof(op->'idem') = 'object' AND NOT gateway_claim_key(op->'idem') THEN
+                results := results || jsonb_build_array(jsonb_build_object('lost', true));
+                CONTINUE;
             END IF;
             reserved := gateway_reserve(op->'r');
             IF NOT (reserved->>'ok')::boolean THEN
+                IF jsonb_typeof(op->'idem') = 'object' THEN
+                    DELETE FROM idempotency_keys
+                    WHERE customer_id = op->'idem'->>'customer_id' AND idem_key = op->'idem'->>'key'
+                      AND owner = op->'idem'->>'owner' AND log_id IS NULL;
+                END IF;
                 results := results || jsonb_build_array(reserved);
                 CONTINUE;
             END IF;
@@ -131,19 +153,7 @@ BEGIN
             results := results || jsonb_build_array(jsonb_build_object('ok', true, 'id', new_id,
                 'counts', reserved->'counts'));
         ELSIF op->>'op' = 'claim' THEN
-            INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, created_at, expires_at,
-                lease_until)
-            VALUES (op->>'customer_id', op->>'key', op->>'hash', op->>'owner', (op->>'now')::bigint,
-                (op->>'expires_at')::bigint, (op->>'lease_until')::bigint)
-            ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash,
-                owner = excluded.owner, created_at = excluded.created_at, expires_at = excluded.expires_at,
-                lease_until = excluded.lease_until, log_id = NULL, response_status = NULL, response_body = NULL
-            WHERE idempotency_keys.expires_at <= excluded.created_at
-               OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL
-                   AND idempotency_keys.lease_until <= excluded.created_at
-                   AND idempotency_keys.request_hash = excluded.request_hash);
-            GET DIAGNOSTICS n = ROW_COUNT;
-            results := results || jsonb_build_array(jsonb_build_object('claimed', n > 0));
+            results := results || jsonb_build_array(jsonb_build_object('claimed', gateway_claim_key(op)));
         ELSIF op->>'op' = 'finish' THEN
             UPDATE message_log SET status = op->>'status', decision = coalesce(op->>'decision', decision),
                 error_code = op->>'error_code',

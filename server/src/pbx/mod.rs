@@ -176,7 +176,7 @@ impl Webhook<'_> {
                 // The attempt's key: how a repeat finds whether a crashed first request
                 // reached the provider (see `repeat`).
                 let key = attempt_key(&integration, external);
-                let claimed = self.store.claim_idempotency(&key, "pbx", now).await?;
+                let claimed = self.store.claim_idempotency(&key, now).await?;
                 (Some(row_id), (claimed == Claim::Claimed).then_some(key))
             }
         };
@@ -482,6 +482,7 @@ fn attempt_key(integration: &PbxIntegration, external: &str) -> IdemOwner {
         customer_id: integration.customer_id.clone(),
         key: format!("pbx:{}:{external}", integration.id),
         owner: crate::store::new_id("req"),
+        request_hash: "pbx".into(),
     }
 }
 

@@ -1,8 +1,9 @@
 //! Idempotency keys of send-message (IETF httpapi idempotency-key draft, Stripe).
 //!
 //! A key is 1 to 255 printable ASCII characters, scoped to the customer and kept 24
-//! hours. The first request with a key claims it and runs the pipeline; its final
-//! answer is kept with its log row (see `store::attempts`). Another request with the
+//! hours. A request reads its key's state first; the first request takes the key in
+//! its attempt's own write (or with its refusal's log row), so a key costs no write of
+//! its own; its final answer is kept with its log row (see `store::attempts`). Another request with the
 //! same key and the same body gets that answer again and sends nothing; with another
 //! body it is refused (`idempotency_key_reused`); while the first runs it is told to
 //! wait (`idempotency_request_in_progress`). A first request whose process died is
@@ -89,16 +90,23 @@ pub async fn claim(
     orphan_answer: &Answer,
     provider_timeout: Duration,
 ) -> Result<Result<Outcome, KeyError>, StoreError> {
-    let owner = IdemOwner { customer_id: customer_id.to_string(), key, owner: crate::store::new_id("req") };
-    let hash = request_hash(request);
+    let owner = IdemOwner {
+        customer_id: customer_id.to_string(),
+        key,
+        owner: crate::store::new_id("req"),
+        request_hash: request_hash(request),
+    };
     let now = now_ms();
-    let claim = match store.claim_idempotency(&owner, &hash, now).await? {
+    // A read: the attempt's own write takes the key (one write fewer per send); of
+    // concurrent requests with one key, the one whose write lands first has it, the
+    // others are told it is in progress.
+    let claim = match store.idempotency_state(&owner, now).await? {
         Claim::InProgress { log_id: Some(_), since, .. }
             if now > since + provider_timeout.as_millis() as i64 + super::ORPHAN_MARGIN_MS =>
         {
             // The first request may have died at the provider: settle orphans, look again.
             store.sweep_orphans(now, orphan_answer).await?;
-            store.claim_idempotency(&owner, &hash, now).await?
+            store.idempotency_state(&owner, now).await?
         }
         claim => claim,
     };

@@ -16,9 +16,9 @@
 //! claim is still the caller's, so a request whose lease was taken over never sends.
 
 use super::counters::{self, LimitHit, Reservation};
-use super::idempotency::{Answer, IdemOwner, KeyFate, owner_values};
+use super::idempotency::{Answer, CLAIM_SQL, IdemOwner, KeyFate, claim_json, claim_values, owner_values};
 use super::messages::{self, LogEntry, OutboxEvent};
-use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, unexpected};
+use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, sqlite_exec, unexpected};
 use super::{Store, StoreError, bind_dollar};
 use rusqlite::types::Value as SqlValue;
 
@@ -70,8 +70,9 @@ pub struct Finish {
     pub answer: Option<KeyFate>,
 }
 
-const OWNED_SQL: &str = "SELECT 1 FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND owner = $3 \
-     AND log_id IS NULL AND response_status IS NULL";
+/// A claim given up in the write that took it (a counter was full).
+const UNCLAIM_SQL: &str =
+    "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND owner = $3 AND log_id IS NULL";
 const LINK_SQL: &str =
     "UPDATE idempotency_keys SET log_id = $3, lease_until = NULL WHERE customer_id = $1 AND idem_key = $2";
 const INSERT_PENDING_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
@@ -139,16 +140,22 @@ fn pending_values(b: &Begin) -> Vec<SqlValue> {
 
 /// `begin` on SQLite, inside the writer's transaction.
 fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<Began, StoreError> {
+    // The key is taken here, in the attempt's own write: free, or already this
+    // request's; else another request with the key got there first.
     if let Some(idem) = &b.idem {
-        let mut owned = tx.prepare_cached(OWNED_SQL)?;
-        bind_dollar(&mut owned, &owner_values(idem))?;
-        if owned.raw_query().next()?.is_none() {
+        let claim = Statement { sql: CLAIM_SQL, params: claim_values(idem, b.entry.created_at) };
+        if sqlite_exec(tx, &claim)? == 0 {
             return Ok(Began::KeyLost);
         }
     }
     let counts = match counters::sqlite_reserve(tx, &b.reservations)? {
         Ok(counts) => counts,
-        Err(hit) => return Ok(Began::Limit(hit)),
+        Err(hit) => {
+            if let Some(idem) = &b.idem {
+                sqlite_exec(tx, &Statement { sql: UNCLAIM_SQL, params: owner_values(idem).to_vec() })?;
+            }
+            return Ok(Began::Limit(hit));
+        }
     };
     let mut insert = tx.prepare_cached(INSERT_PENDING_SQL)?;
     bind_dollar(&mut insert, &pending_values(b))?;
@@ -215,8 +222,7 @@ fn went_out(status: &str) -> bool {
 
 /// `begin` as an op of `gateway_send_ops` (PostgreSQL, migration 0008).
 fn begin_json(b: &Begin) -> serde_json::Value {
-    let idem =
-        b.idem.as_ref().map(|i| serde_json::json!({"customer_id": i.customer_id, "key": i.key, "owner": i.owner}));
+    let idem = b.idem.as_ref().map(|i| claim_json(i, b.entry.created_at, "claim"));
     serde_json::json!({"op": "begin", "r": counters::reservations_json(&b.reservations),
                        "log": messages::log_json(&b.entry), "deadline_at": b.deadline_at, "idem": idem})
 }

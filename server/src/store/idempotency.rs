@@ -33,6 +33,8 @@ pub struct IdemOwner {
     pub customer_id: String,
     pub key: String,
     pub owner: String,
+    /// The fingerprint of the request's body.
+    pub request_hash: String,
 }
 
 /// What claiming a key found.
@@ -56,39 +58,63 @@ pub const CLAIM_LEASE_MS: i64 = 30_000;
 /// How long a key and its answer are kept.
 pub const KEY_TTL_MS: i64 = 24 * 3_600_000;
 
-const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, created_at, \
-     expires_at, lease_until) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+/// Takes a key that is free (absent, expired, or left before its attempt row by a
+/// request whose lease ended, with the same body), or that this request holds already.
+pub(super) const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, \
+     created_at, expires_at, lease_until) VALUES ($1, $2, $3, $4, $5, $6, $7) \
      ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash, \
      owner = excluded.owner, created_at = excluded.created_at, expires_at = excluded.expires_at, \
      lease_until = excluded.lease_until, log_id = NULL, response_status = NULL, response_body = NULL \
      WHERE idempotency_keys.expires_at <= excluded.created_at \
      OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL \
      AND idempotency_keys.lease_until <= excluded.created_at \
-     AND idempotency_keys.request_hash = excluded.request_hash)";
+     AND idempotency_keys.request_hash = excluded.request_hash) \
+     OR (idempotency_keys.owner = excluded.owner AND idempotency_keys.log_id IS NULL \
+     AND idempotency_keys.response_status IS NULL)";
 const KEY_SQL: &str = "SELECT request_hash, lease_until, log_id, response_status, response_body, created_at \
      FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND expires_at > $3";
-/// The answer of a refused request, kept with its log row.
-const ANSWER_REFUSAL_SQL: &str = "UPDATE idempotency_keys SET response_status = $4, response_body = $5, \
-     log_id = $6, lease_until = NULL WHERE customer_id = $1 AND idem_key = $2 AND owner = $3 \
-     AND response_status IS NULL";
+/// The answer of a refused request, kept with its log row: the key is taken with its
+/// answer if free (as `CLAIM_SQL`) or held by this request.
+const ANSWER_REFUSAL_SQL: &str = "INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, \
+     created_at, expires_at, lease_until, log_id, response_status, response_body) \
+     VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, $9) \
+     ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash, \
+     owner = excluded.owner, created_at = excluded.created_at, expires_at = excluded.expires_at, \
+     lease_until = NULL, log_id = excluded.log_id, response_status = excluded.response_status, \
+     response_body = excluded.response_body \
+     WHERE idempotency_keys.expires_at <= excluded.created_at \
+     OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL \
+     AND idempotency_keys.lease_until <= excluded.created_at \
+     AND idempotency_keys.request_hash = excluded.request_hash) \
+     OR (idempotency_keys.owner = excluded.owner AND idempotency_keys.response_status IS NULL)";
 /// A refused request gives its key up (see `KeyFate::Release`).
 pub(super) const RELEASE_REFUSAL_SQL: &str =
     "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND owner = $3";
 
 impl Store {
-    /// Claims `key` for a request whose parsed body hashes to `request_hash`; `owner`
-    /// is the request's own token.
-    pub async fn claim_idempotency(&self, idem: &IdemOwner, request_hash: &str, now: i64) -> Result<Claim, StoreError> {
-        let claim = ClaimKey { idem: idem.clone(), request_hash: request_hash.to_string(), now };
-        if self.write(claim).await? {
+    /// Claims the key of `idem` now, in a write of its own (the PBX webhook holds its
+    /// `external_message_id` this way). A send-message request does not: it reads the
+    /// key's state (`idempotency_state`), and its attempt's own write takes the key.
+    pub async fn claim_idempotency(&self, idem: &IdemOwner, now: i64) -> Result<Claim, StoreError> {
+        if self.write(ClaimKey { idem: idem.clone(), now }).await? {
             return Ok(Claim::Claimed);
         }
+        match self.idempotency_state(idem, now).await? {
+            // Expired between the two statements: claim it again.
+            Claim::Claimed => Box::pin(self.claim_idempotency(idem, now)).await,
+            state => Ok(state),
+        }
+    }
+
+    /// What a request with `idem`'s key and body finds, writing nothing: `Claimed` when
+    /// the key is free for it (absent, expired, or left before its attempt row by a
+    /// request whose lease ended).
+    pub async fn idempotency_state(&self, idem: &IdemOwner, now: i64) -> Result<Claim, StoreError> {
         let row =
             sqlx::query(KEY_SQL).bind(&idem.customer_id).bind(&idem.key).bind(now).fetch_optional(&self.read).await?;
-        // Expired between the two statements: claim it again.
-        let Some(row) = row else { return Box::pin(self.claim_idempotency(idem, request_hash, now)).await };
+        let Some(row) = row else { return Ok(Claim::Claimed) };
         let hash: String = row.try_get("request_hash")?;
-        if hash != request_hash {
+        if hash != idem.request_hash {
             return Ok(Claim::Mismatch);
         }
         let status: Option<i64> = row.try_get("response_status")?;
@@ -96,11 +122,12 @@ impl Store {
         if let (Some(status), Some(body)) = (status, body) {
             return Ok(Claim::Replay(Answer { status: status as u16, body }));
         }
-        Ok(Claim::InProgress {
-            log_id: row.try_get("log_id")?,
-            lease_until: row.try_get("lease_until")?,
-            since: row.try_get("created_at")?,
-        })
+        let log_id: Option<i64> = row.try_get("log_id")?;
+        let lease_until: Option<i64> = row.try_get("lease_until")?;
+        if log_id.is_none() && lease_until.is_some_and(|l| l <= now) {
+            return Ok(Claim::Claimed);
+        }
+        Ok(Claim::InProgress { log_id, lease_until, since: row.try_get("created_at")? })
     }
 
     /// The attempt row a key's request wrote, if it got that far.
@@ -134,17 +161,36 @@ pub(super) fn owner_values(idem: &IdemOwner) -> [SqlValue; 3] {
     [SqlValue::Text(idem.customer_id.clone()), SqlValue::Text(idem.key.clone()), SqlValue::Text(idem.owner.clone())]
 }
 
-/// The statement and values that settle a refused request's key.
-pub(super) fn refusal_key(idem: &IdemOwner, fate: &KeyFate, log_id: i64) -> (&'static str, Vec<SqlValue>) {
-    let mut values = owner_values(idem).to_vec();
+/// The values of `CLAIM_SQL` for a request taking its key at `now`.
+pub(super) fn claim_values(idem: &IdemOwner, now: i64) -> Vec<SqlValue> {
+    vec![
+        SqlValue::Text(idem.customer_id.clone()),
+        SqlValue::Text(idem.key.clone()),
+        SqlValue::Text(idem.request_hash.clone()),
+        SqlValue::Text(idem.owner.clone()),
+        SqlValue::Integer(now),
+        SqlValue::Integer(now + KEY_TTL_MS),
+        SqlValue::Integer(now + CLAIM_LEASE_MS),
+    ]
+}
+
+/// The statement and values that settle a refused request's key, written at `at` with
+/// its log row `log_id`.
+pub(super) fn refusal_key(idem: &IdemOwner, fate: &KeyFate, log_id: i64, at: i64) -> (&'static str, Vec<SqlValue>) {
     match fate {
-        KeyFate::Release => (RELEASE_REFUSAL_SQL, values),
+        KeyFate::Release => (RELEASE_REFUSAL_SQL, owner_values(idem).to_vec()),
         KeyFate::Keep(answer) => {
-            values.extend([
+            let values = vec![
+                SqlValue::Text(idem.customer_id.clone()),
+                SqlValue::Text(idem.key.clone()),
+                SqlValue::Text(idem.request_hash.clone()),
+                SqlValue::Text(idem.owner.clone()),
+                SqlValue::Integer(at),
+                SqlValue::Integer(at + KEY_TTL_MS),
+                SqlValue::Integer(log_id),
                 SqlValue::Integer(i64::from(answer.status)),
                 SqlValue::Text(answer.body.clone()),
-                SqlValue::Integer(log_id),
-            ]);
+            ];
             (ANSWER_REFUSAL_SQL, values)
         }
     }
@@ -155,7 +201,6 @@ pub(super) fn refusal_key(idem: &IdemOwner, fate: &KeyFate, log_id: i64) -> (&'s
 /// batch's one statement.
 struct ClaimKey {
     idem: IdemOwner,
-    request_hash: String,
     now: i64,
 }
 
@@ -163,26 +208,11 @@ impl Write for ClaimKey {
     type Output = bool;
 
     fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<bool, StoreError> {
-        let (idem, now) = (&self.idem, self.now);
-        let params = vec![
-            SqlValue::Text(idem.customer_id.clone()),
-            SqlValue::Text(idem.key.clone()),
-            SqlValue::Text(self.request_hash.clone()),
-            SqlValue::Text(idem.owner.clone()),
-            SqlValue::Integer(now),
-            SqlValue::Integer(now + KEY_TTL_MS),
-            SqlValue::Integer(now + CLAIM_LEASE_MS),
-        ];
-        Ok(sqlite_exec(tx, &Statement { sql: CLAIM_SQL, params })? > 0)
+        Ok(sqlite_exec(tx, &Statement { sql: CLAIM_SQL, params: claim_values(&self.idem, self.now) })? > 0)
     }
 
     fn postgres(&self) -> Postgres {
-        let (idem, now) = (&self.idem, self.now);
-        let arg = serde_json::json!({
-            "op": "claim", "customer_id": idem.customer_id, "key": idem.key, "hash": self.request_hash,
-            "owner": idem.owner, "now": now, "expires_at": now + KEY_TTL_MS, "lease_until": now + CLAIM_LEASE_MS,
-        });
-        Postgres::Call { function: "gateway_send_ops", arg }
+        Postgres::Call { function: "gateway_send_ops", arg: claim_json(&self.idem, self.now, "claim") }
     }
 
     fn read_postgres(&self, answer: PgAnswer) -> Result<bool, StoreError> {
@@ -191,4 +221,13 @@ impl Write for ClaimKey {
             PgAnswer::Rows(_) => Err(StoreError::Conflict("a claim had no answer".into())),
         }
     }
+}
+
+/// A key claim as `gateway_send_ops` reads it (an op of its own, or the `idem` of a
+/// `begin`).
+pub(super) fn claim_json(idem: &IdemOwner, now: i64, op: &str) -> serde_json::Value {
+    serde_json::json!({
+        "op": op, "customer_id": idem.customer_id, "key": idem.key, "hash": idem.request_hash,
+        "owner": idem.owner, "now": now, "expires_at": now + KEY_TTL_MS, "lease_until": now + CLAIM_LEASE_MS,
+    })
 }

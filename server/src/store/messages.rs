@@ -171,7 +171,7 @@ impl Write for Record {
     fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<Recorded, StoreError> {
         let recorded = sqlite_record(tx, &self.entry, self.event.as_ref(), self.review.as_ref())?;
         if let Some((idem, fate)) = &self.answer {
-            let (sql, values) = refusal_key(idem, fate, recorded.log_id);
+            let (sql, values) = refusal_key(idem, fate, recorded.log_id, self.entry.created_at);
             let mut settle = tx.prepare_cached(sql)?;
             bind_dollar(&mut settle, &values)?;
             settle.raw_execute()?;
@@ -203,7 +203,7 @@ impl Write for Record {
     fn postgres_then(&self, recorded: &Recorded) -> Vec<Statement> {
         match &self.answer {
             Some((idem, fate)) => {
-                let (sql, params) = refusal_key(idem, fate, recorded.log_id);
+                let (sql, params) = refusal_key(idem, fate, recorded.log_id, self.entry.created_at);
                 vec![Statement { sql, params }]
             }
             None => Vec::new(),
