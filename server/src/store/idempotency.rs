@@ -4,7 +4,7 @@
 //! key to its attempt row are in `attempts`.
 
 use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, sqlite_exec};
-use super::{Store, StoreError};
+use super::{Cols, FromCols, Store, StoreError};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
@@ -110,24 +110,20 @@ impl Store {
     /// the key is free for it (absent, expired, or left before its attempt row by a
     /// request whose lease ended).
     pub async fn idempotency_state(&self, idem: &IdemOwner, now: i64) -> Result<Claim, StoreError> {
-        let row =
-            sqlx::query(KEY_SQL).bind(&idem.customer_id).bind(&idem.key).bind(now).fetch_optional(&self.read).await?;
-        let Some(row) = row else { return Ok(Claim::Claimed) };
-        let hash: String = row.try_get("request_hash")?;
-        if hash != idem.request_hash {
+        let params =
+            vec![SqlValue::Text(idem.customer_id.clone()), SqlValue::Text(idem.key.clone()), SqlValue::Integer(now)];
+        // On the send path: SQLite reads through the plain reader connections.
+        let Some(row) = self.read_one::<KeyRow>(KEY_SQL, params).await? else { return Ok(Claim::Claimed) };
+        if row.request_hash != idem.request_hash {
             return Ok(Claim::Mismatch);
         }
-        let status: Option<i64> = row.try_get("response_status")?;
-        let body: Option<String> = row.try_get("response_body")?;
-        if let (Some(status), Some(body)) = (status, body) {
+        if let (Some(status), Some(body)) = (row.response_status, row.response_body) {
             return Ok(Claim::Replay(Answer { status: status as u16, body }));
         }
-        let log_id: Option<i64> = row.try_get("log_id")?;
-        let lease_until: Option<i64> = row.try_get("lease_until")?;
-        if log_id.is_none() && lease_until.is_some_and(|l| l <= now) {
+        if row.log_id.is_none() && row.lease_until.is_some_and(|l| l <= now) {
             return Ok(Claim::Claimed);
         }
-        Ok(Claim::InProgress { log_id, lease_until, since: row.try_get("created_at")? })
+        Ok(Claim::InProgress { log_id: row.log_id, lease_until: row.lease_until, since: row.created_at })
     }
 
     /// The attempt row a key's request wrote, if it got that far.
@@ -154,6 +150,29 @@ impl Store {
         let done =
             sqlx::query("DELETE FROM idempotency_keys WHERE expires_at < $1").bind(now).execute(&self.write).await?;
         Ok(done.rows_affected())
+    }
+}
+
+/// A key's row as `KEY_SQL` reads it.
+struct KeyRow {
+    request_hash: String,
+    lease_until: Option<i64>,
+    log_id: Option<i64>,
+    response_status: Option<i64>,
+    response_body: Option<String>,
+    created_at: i64,
+}
+
+impl FromCols for KeyRow {
+    fn from_cols(r: &impl Cols) -> Result<KeyRow, StoreError> {
+        Ok(KeyRow {
+            request_hash: r.col("request_hash")?,
+            lease_until: r.col("lease_until")?,
+            log_id: r.col("log_id")?,
+            response_status: r.col("response_status")?,
+            response_body: r.col("response_body")?,
+            created_at: r.col("created_at")?,
+        })
     }
 }
 
