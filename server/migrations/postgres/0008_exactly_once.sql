@@ -5,6 +5,8 @@
 -- pending at `deadline_at` (the provider timeout plus a margin) belonged to a process
 -- that stopped mid-call, and becomes `unknown` (see store/attempts.rs).
 ALTER TABLE message_log ADD COLUMN deadline_at BIGINT;
+-- The idempotency key of an attempt that had one (its key row is found by primary key).
+ALTER TABLE message_log ADD COLUMN idem_key TEXT;
 CREATE INDEX message_log_pending ON message_log (deadline_at) WHERE status = 'pending';
 
 -- Idempotency keys of send-message, per customer, kept 24 hours (see the SQLite file).
@@ -21,8 +23,8 @@ CREATE TABLE idempotency_keys (
     response_body   TEXT,
     PRIMARY KEY (customer_id, idem_key)
 );
-CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
-CREATE INDEX idempotency_keys_log ON idempotency_keys (log_id);
+-- Only the primary key: every lookup on the send path is by (customer_id, idem_key);
+-- the pruner's scan by expires_at runs every ten minutes.
 
 -- Takes every counter of `r` ([{scope, window_start, expires_at, limit}]) or none:
 -- {"ok": true, "counts": [n, ...]} with each counter's value after this increment (in
@@ -76,19 +78,21 @@ END;
 $$;
 
 -- Takes an idempotency key (c: {customer_id, key, hash, owner, now, expires_at,
--- lease_until}) if it is free (absent, expired, or left before its attempt row by a
+-- lease_until, log_id}) if it is free (absent, expired, or left before its attempt row by a
 -- request whose lease ended, with the same body) or already this request's; true when
 -- taken. The same statement as CLAIM_SQL in store/idempotency.rs.
 CREATE OR REPLACE FUNCTION gateway_claim_key(c jsonb) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     n int;
 BEGIN
-    INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, created_at, expires_at, lease_until)
+    INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, created_at, expires_at, lease_until,
+        log_id)
     VALUES (c->>'customer_id', c->>'key', c->>'hash', c->>'owner', (c->>'now')::bigint,
-        (c->>'expires_at')::bigint, (c->>'lease_until')::bigint)
+        (c->>'expires_at')::bigint, (c->>'lease_until')::bigint, (c->>'log_id')::bigint)
     ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash,
         owner = excluded.owner, created_at = excluded.created_at, expires_at = excluded.expires_at,
-        lease_until = excluded.lease_until, log_id = NULL, response_status = NULL, response_body = NULL
+        lease_until = excluded.lease_until, log_id = excluded.log_id, response_status = NULL,
+        response_body = NULL
     WHERE idempotency_keys.expires_at <= excluded.created_at
        OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL
            AND idempotency_keys.lease_until <= excluded.created_at
@@ -103,10 +107,9 @@ $$;
 -- The attempt writes of the send path, applied in order in the caller's statement:
 --   claim  a key (gateway_claim_key): {"claimed": bool}.
 --   begin  {r, log, deadline_at, idem: claim | null}
---          the key is taken in the same write (else {"lost": true}, nothing written);
---          the counters are taken (else gateway_reserve's answer, and the key given
---          back); the log row is inserted as pending and linked to the key:
---          {"ok": true, "id": n, "counts": [...]}.
+--          the counters are taken (else gateway_reserve's answer); the log row is
+--          inserted as pending; the key is taken with it (else the row and counters
+--          are taken back: {"lost": true}): {"ok": true, "id": n, "counts": [...]}.
 --   finish {id, status, error_code, policy, reason, provider_message_id, went_out,
 --           instance_id, recipient, at, event | null, release: [...], answer | null}
 --          a pending row gets its outcome, its event, its contact and its released
@@ -122,33 +125,29 @@ DECLARE
 BEGIN
     FOR op IN SELECT value FROM jsonb_array_elements(ops) LOOP
         IF op->>'op' = 'begin' THEN
-            IF jsonb_typeof(op->'idem') = 'object' AND NOT gateway_claim_key(op->'idem') THEN
-                results := results || jsonb_build_array(jsonb_build_object('lost', true));
-                CONTINUE;
-            END IF;
             reserved := gateway_reserve(op->'r');
             IF NOT (reserved->>'ok')::boolean THEN
-                IF jsonb_typeof(op->'idem') = 'object' THEN
-                    DELETE FROM idempotency_keys
-                    WHERE customer_id = op->'idem'->>'customer_id' AND idem_key = op->'idem'->>'key'
-                      AND owner = op->'idem'->>'owner' AND log_id IS NULL;
-                END IF;
                 results := results || jsonb_build_array(reserved);
                 CONTINUE;
             END IF;
             INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, recipient,
                 message_type, decision, error_code, policy, reason, provider_message_id, status, created_at,
-                policy_trace, deadline_at)
+                policy_trace, deadline_at, idem_key)
             VALUES (op->'log'->>'customer_id', op->'log'->>'instance_id', op->'log'->>'api_key_id',
                 op->'log'->>'source', op->'log'->>'purpose', op->'log'->>'recipient',
                 op->'log'->>'message_type', op->'log'->>'decision', op->'log'->>'error_code',
                 op->'log'->>'policy', op->'log'->>'reason', op->'log'->>'provider_message_id',
                 op->'log'->>'status', (op->'log'->>'created_at')::bigint, op->'log'->>'policy_trace',
-                (op->>'deadline_at')::bigint)
+                (op->>'deadline_at')::bigint, op->'idem'->>'key')
             RETURNING id INTO new_id;
-            IF jsonb_typeof(op->'idem') = 'object' THEN
-                UPDATE idempotency_keys SET log_id = new_id, lease_until = NULL
-                WHERE customer_id = op->'idem'->>'customer_id' AND idem_key = op->'idem'->>'key';
+            IF jsonb_typeof(op->'idem') = 'object' AND NOT gateway_claim_key(
+                    op->'idem' || jsonb_build_object('log_id', new_id, 'lease_until', NULL)) THEN
+                DELETE FROM message_log WHERE id = new_id;
+                UPDATE usage_counters u SET count = u.count - 1
+                FROM jsonb_array_elements(op->'r') AS x
+                WHERE u.scope = x->>'scope' AND u.window_start = (x->>'window_start')::bigint AND u.count > 0;
+                results := results || jsonb_build_array(jsonb_build_object('lost', true));
+                CONTINUE;
             END IF;
             results := results || jsonb_build_array(jsonb_build_object('ok', true, 'id', new_id,
                 'counts', reserved->'counts'));
@@ -179,12 +178,16 @@ BEGIN
                 UPDATE usage_counters u SET count = u.count - 1
                 FROM jsonb_array_elements(op->'release') AS x
                 WHERE u.scope = x->>'scope' AND u.window_start = (x->>'window_start')::bigint AND u.count > 0;
-                IF op->'answer'->>'release' = 'true' THEN
-                    DELETE FROM idempotency_keys WHERE log_id = (op->>'id')::bigint;
+                IF jsonb_typeof(op->'idem') <> 'object' THEN
+                    NULL;
+                ELSIF op->'answer'->>'release' = 'true' THEN
+                    DELETE FROM idempotency_keys WHERE customer_id = op->'idem'->>'customer_id'
+                        AND idem_key = op->'idem'->>'key' AND log_id = (op->>'id')::bigint;
                 ELSIF jsonb_typeof(op->'answer') = 'object' THEN
                     UPDATE idempotency_keys SET response_status = (op->'answer'->>'status')::int,
                         response_body = op->'answer'->>'body', lease_until = NULL
-                    WHERE log_id = (op->>'id')::bigint AND response_status IS NULL;
+                    WHERE customer_id = op->'idem'->>'customer_id' AND idem_key = op->'idem'->>'key'
+                      AND log_id = (op->>'id')::bigint AND response_status IS NULL;
                 END IF;
             END IF;
             results := results || jsonb_build_array(jsonb_build_object('applied', n > 0));

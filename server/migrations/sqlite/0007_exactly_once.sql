@@ -5,6 +5,8 @@
 -- pending at `deadline_at` (the provider timeout plus a margin) belonged to a process
 -- that stopped mid-call, and becomes `unknown` (see store/attempts.rs).
 ALTER TABLE message_log ADD COLUMN deadline_at BIGINT;
+-- The idempotency key of an attempt that had one (its key row is found by primary key).
+ALTER TABLE message_log ADD COLUMN idem_key TEXT;
 CREATE INDEX message_log_pending ON message_log (deadline_at) WHERE status = 'pending';
 
 -- Idempotency keys of send-message, per customer, kept 24 hours. A request claims its
@@ -24,5 +26,5 @@ CREATE TABLE idempotency_keys (
     response_body   TEXT,
     PRIMARY KEY (customer_id, idem_key)
 );
-CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
-CREATE INDEX idempotency_keys_log ON idempotency_keys (log_id);
+-- Only the primary key: every lookup on the send path is by (customer_id, idem_key);
+-- the pruner's scan by expires_at runs every ten minutes.

@@ -371,6 +371,7 @@ impl Sender {
             instance_id: a.instance.as_ref().map(|i| i.id.clone()),
             recipient: a.checked.as_ref().map(|c| c.phone.e164.clone()),
             at: now,
+            idem: a.input.idempotency.as_ref().map(|i| i.owner.clone()),
             ..Finish::default()
         }
     }

@@ -16,7 +16,7 @@
 //! claim is still the caller's, so a request whose lease was taken over never sends.
 
 use super::counters::{self, LimitHit, Reservation};
-use super::idempotency::{Answer, CLAIM_SQL, IdemOwner, KeyFate, claim_json, claim_values, owner_values};
+use super::idempotency::{Answer, CLAIM_SQL, IdemOwner, KeyFate, claim_json, claim_values};
 use super::messages::{self, LogEntry, OutboxEvent};
 use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, sqlite_exec, unexpected};
 use super::{Store, StoreError, bind_dollar};
@@ -66,28 +66,29 @@ pub struct Finish {
     pub event: Option<OutboxEvent>,
     /// Counters to give back (a clean failure).
     pub release: Vec<Reservation>,
+    /// The request's idempotency key, if it has one.
+    pub idem: Option<IdemOwner>,
     /// What becomes of the request's idempotency key.
     pub answer: Option<KeyFate>,
 }
 
-/// A claim given up in the write that took it (a counter was full).
-const UNCLAIM_SQL: &str =
-    "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND owner = $3 AND log_id IS NULL";
-const LINK_SQL: &str =
-    "UPDATE idempotency_keys SET log_id = $3, lease_until = NULL WHERE customer_id = $1 AND idem_key = $2";
+/// An attempt row whose key was lost in the same write is taken back.
+const UNDO_PENDING_SQL: &str = "DELETE FROM message_log WHERE id = $1";
 const INSERT_PENDING_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
      recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, \
-     policy_trace, deadline_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
-     RETURNING id";
+     policy_trace, deadline_at, idem_key) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING id";
 const FINISH_SQL: &str = "UPDATE message_log SET status = $2, error_code = $3, policy = $4, reason = $5, \
      provider_message_id = $6, decision = COALESCE($7, decision), deadline_at = NULL \
      WHERE id = $1 AND status = 'pending'";
-const RELEASE_SQL: &str = "DELETE FROM idempotency_keys WHERE log_id = $1";
-const ANSWER_SQL: &str = "UPDATE idempotency_keys SET response_status = $2, response_body = $3, lease_until = NULL \
-     WHERE log_id = $1 AND response_status IS NULL";
+const RELEASE_SQL: &str = "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND log_id = $3";
+const ANSWER_SQL: &str = "UPDATE idempotency_keys SET response_status = $4, response_body = $5, lease_until = NULL \
+     WHERE customer_id = $1 AND idem_key = $2 AND log_id = $3 AND response_status IS NULL";
+/// Keys are found from their attempt rows (`message_log.idem_key`), by primary key.
 const ORPHAN_KEYS_SQL: &str = "UPDATE idempotency_keys SET response_status = $1, response_body = $2, \
-     lease_until = NULL WHERE response_status IS NULL AND log_id IN \
-     (SELECT id FROM message_log WHERE status = 'pending' AND deadline_at < $3)";
+     lease_until = NULL WHERE response_status IS NULL AND (customer_id, idem_key) IN \
+     (SELECT customer_id, idem_key FROM message_log WHERE status = 'pending' AND deadline_at < $3 \
+     AND idem_key IS NOT NULL)";
 const ORPHAN_ROWS_SQL: &str = "UPDATE message_log SET status = 'unknown', error_code = 'gateway_send_failed', \
      policy = 'gateway/provider', reason = $1, deadline_at = NULL WHERE status = 'pending' AND deadline_at < $2";
 
@@ -135,38 +136,29 @@ fn text(s: &Option<String>) -> SqlValue {
 fn pending_values(b: &Begin) -> Vec<SqlValue> {
     let mut values = messages::log_values(&b.entry);
     values.push(SqlValue::Integer(b.deadline_at));
+    values.push(b.idem.as_ref().map_or(SqlValue::Null, |i| SqlValue::Text(i.key.clone())));
     values
 }
 
 /// `begin` on SQLite, inside the writer's transaction.
 fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<Began, StoreError> {
-    // The key is taken here, in the attempt's own write: free, or already this
-    // request's; else another request with the key got there first.
-    if let Some(idem) = &b.idem {
-        let claim = Statement { sql: CLAIM_SQL, params: claim_values(idem, b.entry.created_at) };
-        if sqlite_exec(tx, &claim)? == 0 {
-            return Ok(Began::KeyLost);
-        }
-    }
     let counts = match counters::sqlite_reserve(tx, &b.reservations)? {
         Ok(counts) => counts,
-        Err(hit) => {
-            if let Some(idem) = &b.idem {
-                sqlite_exec(tx, &Statement { sql: UNCLAIM_SQL, params: owner_values(idem).to_vec() })?;
-            }
-            return Ok(Began::Limit(hit));
-        }
+        Err(hit) => return Ok(Began::Limit(hit)),
     };
     let mut insert = tx.prepare_cached(INSERT_PENDING_SQL)?;
     bind_dollar(&mut insert, &pending_values(b))?;
     let id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
+    // The key is taken here, with its attempt row, in the attempt's own write: free,
+    // or already this request's. If another request with the key got there first,
+    // this write takes back what it did (the rare path pays, not every send).
     if let Some(idem) = &b.idem {
-        let mut link = tx.prepare_cached(LINK_SQL)?;
-        bind_dollar(
-            &mut link,
-            &[SqlValue::Text(idem.customer_id.clone()), SqlValue::Text(idem.key.clone()), SqlValue::Integer(id)],
-        )?;
-        link.raw_execute()?;
+        let claim = Statement { sql: CLAIM_SQL, params: claim_values(idem, b.entry.created_at, Some(id)) };
+        if sqlite_exec(tx, &claim)? == 0 {
+            sqlite_exec(tx, &Statement { sql: UNDO_PENDING_SQL, params: vec![SqlValue::Integer(id)] })?;
+            counters::sqlite_release(tx, &b.reservations)?;
+            return Ok(Began::KeyLost);
+        }
     }
     Ok(Began::Written { log_id: id, counts })
 }
@@ -198,22 +190,24 @@ fn sqlite_finish(tx: &rusqlite::Transaction<'_>, f: &Finish) -> Result<bool, Sto
         messages::sqlite_contact(tx, instance, phone, f.at)?;
     }
     counters::sqlite_release(tx, &f.release)?;
-    if let Some(KeyFate::Release) = &f.answer {
-        tx.prepare_cached(RELEASE_SQL)?.execute([f.log_id])?;
-    }
-    if let Some(KeyFate::Keep(answer)) = &f.answer {
-        let mut keep = tx.prepare_cached(ANSWER_SQL)?;
-        bind_dollar(
-            &mut keep,
-            &[
-                SqlValue::Integer(f.log_id),
-                SqlValue::Integer(i64::from(answer.status)),
-                SqlValue::Text(answer.body.clone()),
-            ],
-        )?;
-        keep.raw_execute()?;
+    if let Some((statement, params)) = key_fate(f) {
+        sqlite_exec(tx, &Statement { sql: statement, params })?;
     }
     Ok(true)
+}
+
+/// What `finish` does to the attempt's key: keep its answer, or give it up.
+fn key_fate(f: &Finish) -> Option<(&'static str, Vec<SqlValue>)> {
+    let (idem, fate) = (f.idem.as_ref()?, f.answer.as_ref()?);
+    let key = [SqlValue::Text(idem.customer_id.clone()), SqlValue::Text(idem.key.clone()), SqlValue::Integer(f.log_id)];
+    Some(match fate {
+        KeyFate::Release => (RELEASE_SQL, key.to_vec()),
+        KeyFate::Keep(answer) => {
+            let mut params = key.to_vec();
+            params.extend([SqlValue::Integer(i64::from(answer.status)), SqlValue::Text(answer.body.clone())]);
+            (ANSWER_SQL, params)
+        }
+    })
 }
 
 fn went_out(status: &str) -> bool {
@@ -235,6 +229,7 @@ fn finish_json(f: &Finish) -> serde_json::Value {
         "instance_id": f.instance_id, "recipient": f.recipient, "at": f.at,
         "event": f.event.as_ref().map(messages::outbox_json),
         "release": counters::reservations_json(&f.release),
+        "idem": f.idem.as_ref().map(|i| serde_json::json!({"customer_id": i.customer_id, "key": i.key})),
         "answer": f.answer.as_ref().map(|fate| match fate {
             KeyFate::Keep(a) => serde_json::json!({"status": a.status, "body": a.body}),
             KeyFate::Release => serde_json::json!({"release": true}),

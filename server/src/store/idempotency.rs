@@ -61,10 +61,11 @@ pub const KEY_TTL_MS: i64 = 24 * 3_600_000;
 /// Takes a key that is free (absent, expired, or left before its attempt row by a
 /// request whose lease ended, with the same body), or that this request holds already.
 pub(super) const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, \
-     created_at, expires_at, lease_until) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+     created_at, expires_at, lease_until, log_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
      ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash, \
      owner = excluded.owner, created_at = excluded.created_at, expires_at = excluded.expires_at, \
-     lease_until = excluded.lease_until, log_id = NULL, response_status = NULL, response_body = NULL \
+     lease_until = excluded.lease_until, log_id = excluded.log_id, response_status = NULL, \
+     response_body = NULL \
      WHERE idempotency_keys.expires_at <= excluded.created_at \
      OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL \
      AND idempotency_keys.lease_until <= excluded.created_at \
@@ -180,8 +181,10 @@ pub(super) fn owner_values(idem: &IdemOwner) -> [SqlValue; 3] {
     [SqlValue::Text(idem.customer_id.clone()), SqlValue::Text(idem.key.clone()), SqlValue::Text(idem.owner.clone())]
 }
 
-/// The values of `CLAIM_SQL` for a request taking its key at `now`.
-pub(super) fn claim_values(idem: &IdemOwner, now: i64) -> Vec<SqlValue> {
+/// The values of `CLAIM_SQL` for a request taking its key at `now`, with its attempt
+/// row when it has one (the key is then no longer leased: the attempt's deadline
+/// governs).
+pub(super) fn claim_values(idem: &IdemOwner, now: i64, log_id: Option<i64>) -> Vec<SqlValue> {
     vec![
         SqlValue::Text(idem.customer_id.clone()),
         SqlValue::Text(idem.key.clone()),
@@ -189,7 +192,11 @@ pub(super) fn claim_values(idem: &IdemOwner, now: i64) -> Vec<SqlValue> {
         SqlValue::Text(idem.owner.clone()),
         SqlValue::Integer(now),
         SqlValue::Integer(now + KEY_TTL_MS),
-        SqlValue::Integer(now + CLAIM_LEASE_MS),
+        match log_id {
+            Some(_) => SqlValue::Null,
+            None => SqlValue::Integer(now + CLAIM_LEASE_MS),
+        },
+        log_id.map_or(SqlValue::Null, SqlValue::Integer),
     ]
 }
 
@@ -227,7 +234,7 @@ impl Write for ClaimKey {
     type Output = bool;
 
     fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<bool, StoreError> {
-        Ok(sqlite_exec(tx, &Statement { sql: CLAIM_SQL, params: claim_values(&self.idem, self.now) })? > 0)
+        Ok(sqlite_exec(tx, &Statement { sql: CLAIM_SQL, params: claim_values(&self.idem, self.now, None) })? > 0)
     }
 
     fn postgres(&self) -> Postgres {
