@@ -158,7 +158,7 @@ async fn a_kill_while_sends_wait_on_the_provider_leaves_each_unknown_never_missi
     let db = Db::new("kill_wait").await;
     let (key, customer) = tenant(&db.url);
     let port = free_port();
-    let env = [("GATEWAY_PROVIDER_TIMEOUT_MS", "1000")];
+    let env = [("GATEWAY_PROVIDER_TIMEOUT_MS", "3000")];
     let server = serve(&db.url, port, &env).await;
     let http = reqwest::Client::new();
     // +15005550002: the simulator never answers, as a provider that hangs.
@@ -168,7 +168,12 @@ async fn a_kill_while_sends_wait_on_the_provider_leaves_each_unknown_never_missi
             tokio::spawn(async move { send(&http, port, &key, Some(&format!("wait-{i}")), "+15005550002").await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Kill once all five wait at the provider (their attempt rows are written).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while log_rows(&db.url, &customer).await.values().filter(|r| r.status == "pending").count() < 5 {
+        assert!(tokio::time::Instant::now() < deadline, "the five sends reached the provider");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     kill(server);
     for p in pending {
         assert!(p.await.unwrap().is_none(), "no answer came before the kill");
@@ -180,7 +185,7 @@ async fn a_kill_while_sends_wait_on_the_provider_leaves_each_unknown_never_missi
     // The next process settles them as unknown once the provider timeout and margin pass.
     let port = free_port();
     let server = serve(&db.url, port, &env).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(45);
     loop {
         let rows = log_rows(&db.url, &customer).await;
         if rows.values().all(|r| r.status == "unknown") {

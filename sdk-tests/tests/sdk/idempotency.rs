@@ -188,11 +188,14 @@ async fn a_broken_connection_after_the_provider_took_it_is_unknown_and_replayed(
 
 #[tokio::test]
 async fn a_key_in_flight_is_409_then_the_answer() {
-    let cx = TestContext::with("idem_in_flight", |c| c.provider_timeout_ms = 1_500, None).await;
+    let cx = TestContext::with("idem_in_flight", |c| c.provider_timeout_ms = 3_000, None).await;
     let body = message(&cx, "+15005550002", "hello");
     let first = send_keyed(&cx, Some("slow"), &body);
     let second = async {
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        // Once the first waits at the provider (its attempt row is written).
+        while !rows(&cx).await.iter().any(|e| e.status == "pending") {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         send_keyed(&cx, Some("slow"), &body).await
     };
     let (first, second) = tokio::join!(first, second);

@@ -1,7 +1,7 @@
 //! Bearer API key authentication of the public endpoints.
 
 use crate::apikey;
-use crate::store::{ApiKeyRecord, Store};
+use crate::store::{ApiKeyRecord, KeySnapshot, Store};
 use gateway_api::ApiError;
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
@@ -12,7 +12,13 @@ fn invalid() -> ApiError {
 
 /// The key presented in `Authorization: Bearer <key>`, checked against the store.
 /// Missing, malformed or unknown: 401 `invalid_api_key`; revoked: 401 `revoked_api_key`.
-pub async fn authenticate(store: &Store, headers: &HeaderMap) -> Result<ApiKeyRecord, ApiError> {
+/// When the request carries an idempotency key, its state (for the key's customer) is
+/// read in the same round trip.
+pub async fn authenticate(
+    store: &Store,
+    headers: &HeaderMap,
+    idem_key: Option<&str>,
+) -> Result<(ApiKeyRecord, Option<KeySnapshot>), ApiError> {
     let mut values = headers.get_all(AUTHORIZATION).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
         return Err(invalid());
@@ -26,10 +32,18 @@ pub async fn authenticate(store: &Store, headers: &HeaderMap) -> Result<ApiKeyRe
     if !apikey::well_formed(key) {
         return Err(invalid());
     }
-    let record = store.api_key_by_hash(&apikey::hash(key)).await?.ok_or_else(invalid)?;
+    let hash = apikey::hash(key);
+    let (record, snapshot) = match idem_key {
+        Some(idem_key) => {
+            let found = store.api_key_and_idempotency(&hash, idem_key, crate::store::now_ms()).await?;
+            let (record, snapshot) = found.ok_or_else(invalid)?;
+            (record, Some(snapshot))
+        }
+        None => (store.api_key_by_hash(&hash).await?.ok_or_else(invalid)?, None),
+    };
     if record.revoked_at.is_some() {
         return Err(ApiError::new(401, "revoked_api_key", "this API key has been revoked")
             .with_detail("key_prefix", record.prefix.clone()));
     }
-    Ok(record)
+    Ok((record, snapshot))
 }

@@ -147,8 +147,12 @@ async fn send_message(
     body: JsonBody<SendMessageRequest>,
     log: Logger,
 ) -> Result<SendReply, ApiError> {
-    let key = match auth::authenticate(&state.store, &headers).await {
-        Ok(key) => key,
+    // The idempotency key's state is read with the API key, in one round trip; a
+    // malformed key is refused after the body is read (415, 400 and 422 keep their order).
+    let idem_key = idempotency::key_from(headers.get(idempotency::HEADER).map(|v| v.as_bytes()));
+    let wanted = idem_key.as_ref().ok().and_then(|k| k.as_deref());
+    let (key, snapshot) = match auth::authenticate(&state.store, &headers, wanted).await {
+        Ok(found) => found,
         Err(e) => {
             info!(log, "send refused"; "error" => e.code);
             return Err(e);
@@ -171,20 +175,17 @@ async fn send_message(
         body: request,
         idempotency: None,
     };
-    let idem_key = idempotency::key_from(headers.get(idempotency::HEADER).map(|v| v.as_bytes()));
     let idem_key = idem_key
         .map_err(|e| ApiError::new(422, "validation_error", e.to_string()).with_detail("field", "Idempotency-Key"))?;
     if let Some(idem_key) = idem_key {
-        let claimed = idempotency::claim(
-            &state.store,
-            &key.customer_id,
-            idem_key,
-            &input.body,
-            error::send_answer,
-            &error::orphan_answer(),
-            state.config.provider_timeout(),
-        )
-        .await?;
+        let orphan_answer = error::orphan_answer();
+        let keys = idempotency::Keys {
+            store: &state.store,
+            render: error::send_answer,
+            orphan_answer: &orphan_answer,
+            provider_timeout: state.config.provider_timeout(),
+        };
+        let claimed = idempotency::claim(&keys, &key.customer_id, idem_key, &input.body, snapshot).await?;
         match claimed {
             Ok(idempotency::Outcome::Run(claim)) => input.idempotency = Some(claim),
             Ok(idempotency::Outcome::Replay(answer)) => {

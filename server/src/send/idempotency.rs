@@ -12,7 +12,7 @@
 //! outcome, which is what the retry gets.
 
 use super::{Idempotency, SendError, Sent};
-use crate::store::{Answer, Claim, IdemOwner, Store, StoreError, now_ms};
+use crate::store::{Answer, Claim, IdemOwner, KeySnapshot, Store, StoreError, now_ms};
 use gateway_api::SendMessageRequest;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
@@ -78,18 +78,29 @@ pub fn request_hash(r: &SendMessageRequest) -> String {
     hex::encode(h.finalize())
 }
 
-/// Claims `key` for a request of `customer_id`. `provider_timeout` bounds how long a
-/// first request may still be at the provider; past it (plus the orphan margin) its
-/// attempt is an orphan and is settled here rather than answered 409 for ever.
+/// What deciding a keyed request needs.
+pub struct Keys<'a> {
+    pub store: &'a Store,
+    /// How the pipeline's answer is rendered for keeping (the HTTP layer's function).
+    pub render: fn(&Result<Sent, SendError>) -> Answer,
+    /// The answer an orphaned attempt's key gets.
+    pub orphan_answer: &'a Answer,
+    /// How long a first request may still be at the provider; past it (plus the
+    /// orphan margin) its attempt is an orphan and is settled here rather than
+    /// answered 409 for ever.
+    pub provider_timeout: Duration,
+}
+
+/// What to do with a request of `customer_id` that carries `key`. `snapshot` is the
+/// key's state when it was read already (beside the API key, in one round trip).
 pub async fn claim(
-    store: &Store,
+    keys: &Keys<'_>,
     customer_id: &str,
     key: String,
     request: &SendMessageRequest,
-    render: fn(&Result<Sent, SendError>) -> Answer,
-    orphan_answer: &Answer,
-    provider_timeout: Duration,
+    snapshot: Option<KeySnapshot>,
 ) -> Result<Result<Outcome, KeyError>, StoreError> {
+    let Keys { store, render, orphan_answer, provider_timeout } = *keys;
     let owner = IdemOwner {
         customer_id: customer_id.to_string(),
         key,
@@ -100,7 +111,11 @@ pub async fn claim(
     // A read: the attempt's own write takes the key (one write fewer per send); of
     // concurrent requests with one key, the one whose write lands first has it, the
     // others are told it is in progress.
-    let claim = match store.idempotency_state(&owner, now).await? {
+    let state = match snapshot {
+        Some(snapshot) => snapshot.state(&owner, now),
+        None => store.idempotency_state(&owner, now).await?,
+    };
+    let claim = match state {
         Claim::InProgress { log_id: Some(_), since, .. }
             if now > since + provider_timeout.as_millis() as i64 + super::ORPHAN_MARGIN_MS =>
         {

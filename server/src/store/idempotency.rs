@@ -114,17 +114,8 @@ impl Store {
         let params =
             vec![SqlValue::Text(idem.customer_id.clone()), SqlValue::Text(idem.key.clone()), SqlValue::Integer(now)];
         // On the send path: SQLite reads through the plain reader connections.
-        let Some(row) = self.read_one::<KeyRow>(KEY_SQL, params).await? else { return Ok(Claim::Claimed) };
-        if row.request_hash != idem.request_hash {
-            return Ok(Claim::Mismatch);
-        }
-        if let (Some(status), Some(body)) = (row.response_status, row.response_body) {
-            return Ok(Claim::Replay(Answer { status: status as u16, body }));
-        }
-        if row.log_id.is_none() && row.lease_until.is_some_and(|l| l <= now) {
-            return Ok(Claim::Claimed);
-        }
-        Ok(Claim::InProgress { log_id: row.log_id, lease_until: row.lease_until, since: row.created_at })
+        let row = self.read_one::<KeyRow>(KEY_SQL, params).await?;
+        Ok(KeySnapshot(row).state(idem, now))
     }
 
     /// The attempt row a key's request wrote, if it got that far.
@@ -154,7 +145,43 @@ impl Store {
     }
 }
 
+/// A key's row as read (`KEY_SQL`, or beside the API key: `Store::api_key_and_idempotency`),
+/// or its absence.
+#[derive(Clone, Debug, Default)]
+pub struct KeySnapshot(Option<KeyRow>);
+
+impl KeySnapshot {
+    /// What a request with `idem`'s key and body finds (see `Store::idempotency_state`).
+    pub fn state(self, idem: &IdemOwner, now: i64) -> Claim {
+        let Some(row) = self.0 else { return Claim::Claimed };
+        if row.request_hash != idem.request_hash {
+            return Claim::Mismatch;
+        }
+        if let (Some(status), Some(body)) = (row.response_status, row.response_body) {
+            return Claim::Replay(Answer { status: status as u16, body });
+        }
+        if row.log_id.is_none() && row.lease_until.is_some_and(|l| l <= now) {
+            return Claim::Claimed;
+        }
+        Claim::InProgress { log_id: row.log_id, lease_until: row.lease_until, since: row.created_at }
+    }
+
+    /// From the columns `i_request_hash`, `i_lease_until`, ... of a joined row.
+    pub(super) fn from_prefixed(r: &impl Cols) -> Result<KeySnapshot, StoreError> {
+        let Some(request_hash) = r.col::<Option<String>>("i_request_hash")? else { return Ok(KeySnapshot(None)) };
+        Ok(KeySnapshot(Some(KeyRow {
+            request_hash,
+            lease_until: r.col("i_lease_until")?,
+            log_id: r.col("i_log_id")?,
+            response_status: r.col("i_response_status")?,
+            response_body: r.col("i_response_body")?,
+            created_at: r.col("i_created_at")?,
+        })))
+    }
+}
+
 /// A key's row as `KEY_SQL` reads it.
+#[derive(Clone, Debug)]
 struct KeyRow {
     request_hash: String,
     lease_until: Option<i64>,

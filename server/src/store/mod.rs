@@ -32,7 +32,7 @@ pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, SendContext};
 pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};
 pub use dashboard_lists::{InboundRow, LogFilter, Suppression, Usage};
-pub use idempotency::{Answer, CLAIM_LEASE_MS, Claim, IdemOwner, KEY_TTL_MS, KeyFate};
+pub use idempotency::{Answer, CLAIM_LEASE_MS, Claim, IdemOwner, KEY_TTL_MS, KeyFate, KeySnapshot};
 pub use ingress::Applied;
 pub use keys::ApiKeyRecord;
 pub use messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};
