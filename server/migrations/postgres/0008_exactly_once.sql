@@ -21,9 +21,9 @@ CREATE TABLE idempotency_keys (
     log_id          BIGINT,
     response_status INTEGER,
     response_body   TEXT,
-    PRIMARY KEY (customer_id, idem_key)
+    PRIMARY KEY (idem_key, customer_id)              -- the key first: looked up beside the API key
 );
--- Only the primary key: every lookup on the send path is by (customer_id, idem_key);
+-- Only the primary key: every lookup on the send path is by (idem_key, customer_id);
 -- the pruner's scan by expires_at runs every ten minutes.
 
 -- Takes every counter of `r` ([{scope, window_start, expires_at, limit}]) or none:

@@ -24,7 +24,7 @@ CREATE TABLE idempotency_keys (
     log_id          BIGINT,                           -- the attempt row, once written
     response_status INTEGER,                          -- the final answer, once known
     response_body   TEXT,
-    PRIMARY KEY (customer_id, idem_key)
+    PRIMARY KEY (idem_key, customer_id)              -- the key first: looked up beside the API key
 );
--- Only the primary key: every lookup on the send path is by (customer_id, idem_key);
+-- Only the primary key: every lookup on the send path is by (idem_key, customer_id);
 -- the pruner's scan by expires_at runs every ten minutes.
