@@ -402,6 +402,13 @@ pub async fn create_pbx(
     if let Some(signing) = signing {
         out["hmac_secret"] = Value::String(signing);
     }
+    // What would surprise: the PBX would get 403 module_not_enabled on every event.
+    if !store.customer(customer_id).await?.module_pbx {
+        out["warning"] = Value::String(format!(
+            "the customer's pbx module is off: every event gets 403 module_not_enabled until \
+             `gateway customer modules --customer {customer_id} --pbx on`"
+        ));
+    }
     Ok(out)
 }
 

@@ -143,6 +143,11 @@ fn pbx_commands_create_show_template_set_rotate_and_list() {
     assert!(secret.starts_with("pbx_"));
     assert!(created["hmac_secret"].as_str().unwrap().starts_with("pbxsig_"));
     assert_eq!(created["webhook_path"], format!("/integrations/pbx/webhook/{pbx}"));
+    // The customer's pbx module is off (the default): the output says so.
+    assert!(created["warning"].as_str().unwrap().contains("pbx module is off"), "{created}");
+    cli.ok(&["customer", "modules", "--customer", id, "--pbx", "on"]);
+    let second = cli.ok(&["pbx", "create", "--customer", id, "--instance", "front-desk"]);
+    assert!(second.get("warning").is_none(), "{second}");
     let shown = cli.ok(&["pbx", "show", &pbx]);
     assert_eq!((shown["hmac"].as_bool(), shown["business_name"].as_str()), (Some(true), Some("Clinic")));
     assert_eq!((shown["rate_per_minute"].as_i64(), shown["burst"].as_i64()), (Some(60), Some(20)));

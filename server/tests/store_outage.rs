@@ -146,6 +146,18 @@ async fn a_lost_database_gets_503_in_time_and_service_resumes_without_a_restart(
         assert!(took < Duration::from_secs(8), "answered in {took:?}");
     }
 
+    // A load balancer's readiness probe takes the replica out while the store is gone
+    // (PostgreSQL; a locked SQLite file still answers reads).
+    if proxy.is_some() {
+        let started = Instant::now();
+        let ready = reqwest::get(format!("http://127.0.0.1:{port}/health/ready")).await.unwrap();
+        assert_eq!(ready.status().as_u16(), 503);
+        let body: Value = ready.json().await.unwrap();
+        assert_eq!(body["status"], "not_ready");
+        assert_ne!(body["checks"]["store"], "ok", "{body}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+    }
+
     // It comes back: the same process serves again.
     match (&proxy, lock) {
         (Some(proxy), _) => proxy.restore(),
@@ -163,6 +175,8 @@ async fn a_lost_database_gets_503_in_time_and_service_resumes_without_a_restart(
         i += 1;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let ready = reqwest::get(format!("http://127.0.0.1:{port}/health/ready")).await.unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
     server.kill().unwrap();
     server.wait().unwrap();
     db.drop_it().await;

@@ -7,6 +7,7 @@ mod contract;
 mod dashboard;
 mod errors;
 mod evolution;
+mod health;
 mod idempotency;
 mod ingress;
 mod limits;

@@ -6,6 +6,7 @@
 
 mod auth;
 pub mod error;
+mod health;
 
 use crate::config::Config;
 use crate::pbx::{Webhook, WebhookRequest};
@@ -375,6 +376,8 @@ pub fn api_description() -> Result<dropshot::ApiDescription<Arc<AppState>>, Stri
     let mut api = gateway_api::gateway_api_mod::api_description::<GatewayApiImpl>().map_err(|e| e.to_string())?;
     api.register(openapi_get).map_err(|e| e.to_string())?;
     api.register(provider_ingress).map_err(|e| e.to_string())?;
+    api.register(health::health_live).map_err(|e| e.to_string())?;
+    api.register(health::health_ready).map_err(|e| e.to_string())?;
     crate::dashboard::register(&mut api)?;
     Ok(api)
 }

@@ -353,6 +353,21 @@ impl Store {
         Ok(())
     }
 
+    /// Whether the store answers, and whether every migration this build knows is
+    /// applied (none pending, none failed): `Ok(Err(why))` when it answers but is behind.
+    pub async fn migrations_current(&self) -> Result<Result<(), String>, StoreError> {
+        let migrator = match self.backend {
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+        };
+        let rows = sqlx::query("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(&self.read).await?;
+        let applied: std::collections::HashSet<i64> =
+            rows.iter().map(|r| r.try_get::<i64, _>("version")).collect::<Result<_, _>>()?;
+        let missing: Vec<String> =
+            migrator.iter().filter(|m| !applied.contains(&m.version)).map(|m| m.version.to_string()).collect();
+        Ok(if missing.is_empty() { Ok(()) } else { Err(format!("migrations not applied: {}", missing.join(", "))) })
+    }
+
     /// The backend in use.
     pub fn backend(&self) -> Backend {
         self.backend
