@@ -53,6 +53,13 @@ enum Command {
     },
     /// Apply database migrations and exit.
     Migrate,
+    /// Copy a SQLite store, consistently, while the gateway serves (PostgreSQL: use
+    /// pg_dump, see the README).
+    Backup {
+        /// The copy to write (must not exist).
+        #[arg(long)]
+        to: std::path::PathBuf,
+    },
     /// Create (or reuse) the demo customer and instance, and print a new API key.
     Demo,
     /// Customers.
@@ -627,6 +634,10 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<(bo
             Command::Serve { .. } => unreachable!("handled in run"),
             Command::Migrate => {
                 json!({"migrated": true, "backend": format!("{:?}", store.backend()).to_lowercase()})
+            }
+            Command::Backup { to } => {
+                let bytes = store.backup_to(&to).await?;
+                json!({"backup": to.display().to_string(), "bytes": bytes})
             }
             Command::Demo => ops::demo(store, config).await?,
             Command::Customer { command } => match command {

@@ -368,6 +368,29 @@ impl Store {
         Ok(if missing.is_empty() { Ok(()) } else { Err(format!("migrations not applied: {}", missing.join(", "))) })
     }
 
+    /// Writes a consistent copy of a SQLite store to `to` (which must not exist) while
+    /// it serves: `VACUUM INTO` reads one snapshot of the database, so writers go on
+    /// and the copy holds every transaction committed before it began. Its size.
+    pub async fn backup_to(&self, to: &std::path::Path) -> Result<u64, StoreError> {
+        let Some(readers) = &self.sqlite_readers else {
+            return Err(StoreError::Conflict(
+                "backup copies a SQLite store; for PostgreSQL use pg_dump (see the README)".into(),
+            ));
+        };
+        if to.exists() {
+            return Err(StoreError::Conflict(format!("{} exists; a backup never overwrites", to.display())));
+        }
+        let (from, to) = (readers.path.clone(), to.to_path_buf());
+        tokio::task::spawn_blocking(move || -> Result<u64, StoreError> {
+            let conn = rusqlite::Connection::open(&from)?;
+            conn.busy_timeout(Duration::from_secs(30))?;
+            conn.execute("VACUUM INTO ?1", [to.display().to_string()])?;
+            Ok(std::fs::metadata(&to).map(|m| m.len()).unwrap_or(0))
+        })
+        .await
+        .map_err(|e| StoreError::Conflict(format!("the backup task failed: {e}")))?
+    }
+
     /// The backend in use.
     pub fn backend(&self) -> Backend {
         self.backend
