@@ -17,6 +17,7 @@ pub mod pbx;
 pub mod policy;
 pub mod provider;
 pub mod send;
+pub mod state;
 pub mod store;
 pub mod webhooks;
 
@@ -72,7 +73,7 @@ impl Parts {
 
 /// A running gateway: HTTP server, store and background workers.
 pub struct RunningServer {
-    http: dropshot::HttpServer<Arc<http::AppState>>,
+    http: dropshot::HttpServer<Arc<state::AppState>>,
     store: Store,
     workers: Vec<JoinHandle<()>>,
     dispatcher: Option<webhooks::DispatcherHandle>,
@@ -152,7 +153,7 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     };
     let send_log = log.new(slog::o!("component" => "send"));
     let sender = send::Sender::new(store.clone(), parts.provider, engine, config.clone(), send_log);
-    let mut state = http::AppState::new(store.clone(), sender, config.clone());
+    let mut state = state::AppState::new(store.clone(), sender, config.clone());
     state.policies = policies.clone();
     let state = Arc::new(state);
     let api = http::api_description().map_err(StartError::Api)?;

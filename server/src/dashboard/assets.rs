@@ -29,7 +29,7 @@ async fn js_get(_rqctx: Ctx) -> Result<Response<Body>, HttpError> {
     Ok(asset(JS, "text/javascript; charset=utf-8"))
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     api.register(css_get).map_err(|e| e.to_string())?;
     api.register(js_get).map_err(|e| e.to_string())?;
     Ok(())

@@ -115,7 +115,7 @@ async fn key_revoke_post(rqctx: Ctx, path: Path<KeyPath>, body: UntypedBody) -> 
     .await
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     api.register(keys_get).map_err(|e| e.to_string())?;
     api.register(keys_post).map_err(|e| e.to_string())?;
     api.register(key_revoke_post).map_err(|e| e.to_string())?;

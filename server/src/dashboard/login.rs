@@ -427,7 +427,7 @@ async fn logout_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, Ht
     .await
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     for result in [
         api.register(login_get),
         api.register(login_post),

@@ -208,7 +208,7 @@ async fn inbound_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
     .await
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     api.register(messages_get).map_err(|e| e.to_string())?;
     api.register(inbound_get).map_err(|e| e.to_string())?;
     Ok(())

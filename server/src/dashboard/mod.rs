@@ -39,8 +39,8 @@ pub mod totp;
 mod users;
 mod views;
 
-use crate::http::AppState;
 use crate::ops::OpsError;
+use crate::state::AppState;
 use crate::store::StoreError;
 use dropshot::{Body, HttpError, RequestContext};
 use futures::FutureExt;

@@ -433,7 +433,7 @@ async fn resume_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Resul
     .await
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     for result in [
         api.register(customers_get),
         api.register(customer_create_post),

@@ -125,6 +125,6 @@ async fn overview_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
     .await
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     api.register(overview_get).map_err(|e| e.to_string())
 }

@@ -291,7 +291,7 @@ async fn pbx_template_remove_post(rqctx: Ctx, body: UntypedBody) -> Result<Respo
     .await
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     for result in [
         api.register(pbx_get),
         api.register(pbx_post),

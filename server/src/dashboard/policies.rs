@@ -322,7 +322,7 @@ async fn policies_upload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<
     .await
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     for result in [
         api.register(reviews_get),
         api.register(review_decide_post),

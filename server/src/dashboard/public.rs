@@ -239,7 +239,7 @@ fn purpose_text(p: MessagePurpose) -> &'static str {
     }
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     api.register(root_get).map_err(|e| e.to_string())?;
     api.register(acceptable_use_get).map_err(|e| e.to_string())?;
     api.register(guide_get).map_err(|e| e.to_string())?;

@@ -242,7 +242,7 @@ async fn suppressions_export_get(rqctx: Ctx) -> Result<Response<Body>, HttpError
     .await
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     api.register(suppressions_get).map_err(|e| e.to_string())?;
     api.register(suppressions_post).map_err(|e| e.to_string())?;
     api.register(suppressions_remove_post).map_err(|e| e.to_string())?;

@@ -216,7 +216,7 @@ async fn link_post(rqctx: Ctx, path: Path<UserPath>, body: UntypedBody) -> Resul
     .await
 }
 
-pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::http::AppState>>) -> Result<(), String> {
+pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {
     for result in [
         api.register(users_get),
         api.register(invite_post),
