@@ -5,11 +5,10 @@ mod common;
 
 use common::{free_port, gateway, run_json};
 use gateway_sdk_tests::receiver::Receiver;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::Duration;
 
 async fn serve(url: &str, port: u16, log: &std::path::Path, dispatch: &str) -> Child {
-    let listen = format!("127.0.0.1:{port}");
     let log = log.display().to_string();
     let env = [
         ("GATEWAY_ALLOW_LOOPBACK_TARGETS", "1"),
@@ -18,16 +17,7 @@ async fn serve(url: &str, port: u16, log: &std::path::Path, dispatch: &str) -> C
         ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0"),
         ("GATEWAY_LOG_FILE", log.as_str()),
     ];
-    let mut child = gateway(url, &["serve", "--listen", &listen], &env).stdout(Stdio::null()).spawn().unwrap();
-    for _ in 0..200 {
-        if tokio::net::TcpStream::connect(&listen).await.is_ok() {
-            return child;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("the gateway did not start");
+    common::serve(gateway(url, &[], &env), port).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

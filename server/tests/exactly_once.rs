@@ -9,7 +9,7 @@ use common::{Db, free_port, run_json};
 use gateway_server::store::{LogEntry, Store};
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::Duration;
 
 /// The binary, without the bundled policies: these tests are about exactly once, not
@@ -47,23 +47,9 @@ fn tenant(url: &str) -> (String, String) {
 }
 
 async fn serve(url: &str, port: u16, env: &[(&str, &str)]) -> Child {
-    let listen = format!("127.0.0.1:{port}");
     let mut all = vec![("GATEWAY_WEBHOOKS__DISPATCH", "false"), ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0")];
     all.extend_from_slice(env);
-    let mut child = gateway(url, &["serve", "--listen", &listen], &all)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..400 {
-        if tokio::net::TcpStream::connect(&listen).await.is_ok() {
-            return child;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("the gateway did not start");
+    common::serve(gateway(url, &[], &all), port).await
 }
 
 fn kill(mut child: Child) {

@@ -8,7 +8,7 @@ mod common;
 
 use common::{Db, free_port, gateway, run_json};
 use serde_json::{Value, json};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -60,27 +60,13 @@ impl Proxy {
 }
 
 async fn serve(url: &str, port: u16) -> Child {
-    let listen = format!("127.0.0.1:{port}");
     let env = [
         ("GATEWAY_WEBHOOKS__DISPATCH", "false"),
         ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0"),
         ("GATEWAY_DATABASE_TIMEOUT_MS", "1500"),
         ("GATEWAY_POLICIES__BUNDLED", "0"),
     ];
-    let mut child = gateway(url, &["serve", "--listen", &listen], &env)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..400 {
-        if TcpStream::connect(&listen).await.is_ok() {
-            return child;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("the gateway did not start");
+    common::serve(gateway(url, &[], &env), port).await
 }
 
 async fn send(port: u16, key: &str, i: usize) -> (u16, Option<String>, Value) {

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 use sqlx::{Connection, Executor};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 
 /// The binary on the store at `url`, with `args` and `env`; compiled policy modules
 /// are cached across tests, outside the source tree.
@@ -22,6 +22,23 @@ pub fn run_json(mut command: Command) -> Value {
     let out = command.output().expect("gateway runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+/// `gateway serve` on 127.0.0.1:`port` with `env` (stdout and stderr discarded: give
+/// `GATEWAY_LOG_FILE` to keep the log), once it accepts connections.
+pub async fn serve(command: Command, port: u16) -> Child {
+    let mut command = command;
+    command.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}"));
+    let mut child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("the gateway starts");
+    for _ in 0..400 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return child;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the gateway did not start");
 }
 
 /// A port nothing listens on now.
