@@ -217,12 +217,11 @@ fn spawn_provider_watch(store: Store, config: &Config, log: Logger) -> JoinHandl
 /// (the update is conditional, so replicas never settle one row twice).
 fn spawn_orphan_sweep(store: Store, log: Logger) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let answer = http::error::orphan_answer();
         let mut tick = tokio::time::interval(ORPHAN_SWEEP_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            match store.sweep_orphans(store::now_ms(), &answer).await {
+            match store.sweep_orphans(store::now_ms(), http::error::orphan_answer()).await {
                 Ok(n) if n > 0 => warn!(log, "attempts orphaned by a stopped process are now unknown"; "count" => n),
                 Ok(_) => {}
                 Err(e) => warn!(log, "settling orphaned attempts failed"; "error" => %e),

@@ -174,9 +174,13 @@ pub fn error_answer(e: &ApiError) -> Answer {
 
 /// The answer kept for a request whose attempt was orphaned (its process stopped while
 /// the provider call was in flight): an unknown outcome, as a timeout would have been.
-pub fn orphan_answer() -> Answer {
-    let unknown = ProviderError::OutcomeUnknown(crate::store::ORPHAN_REASON.into());
-    send_answer(&Err(SendError::Provider(unknown)))
+/// Rendered once.
+pub fn orphan_answer() -> &'static Answer {
+    static ORPHAN: std::sync::LazyLock<Answer> = std::sync::LazyLock::new(|| {
+        let unknown = ProviderError::OutcomeUnknown(crate::store::ORPHAN_REASON.into());
+        send_answer(&Err(SendError::Provider(unknown)))
+    });
+    &ORPHAN
 }
 
 impl From<StoreError> for ApiError {

@@ -127,44 +127,35 @@ async fn send_message(
         body: request,
         idempotency: None,
     };
-    let idem_key = idem_key
-        .map_err(|e| ApiError::new(422, "validation_error", e.to_string()).with_detail("field", "Idempotency-Key"))?;
+    let idem_key = idem_key.map_err(|e| key_refusal("validation_error", e))?;
     if let Some(idem_key) = idem_key {
-        let orphan_answer = error::orphan_answer();
         let keys = idempotency::Keys {
             store: &state.store,
             render: error::send_answer,
-            orphan_answer: &orphan_answer,
+            orphan_answer: error::orphan_answer(),
             provider_timeout: state.config.provider_timeout(),
         };
-        let claimed = idempotency::claim(&keys, &key.customer_id, idem_key, &input.body, snapshot).await?;
-        match claimed {
-            Ok(idempotency::Outcome::Run(claim)) => input.idempotency = Some(claim),
-            Ok(idempotency::Outcome::Replay(answer)) => {
+        match idempotency::claim(&keys, &key.customer_id, idem_key, &input.body, snapshot).await? {
+            idempotency::Outcome::Run(claim) => input.idempotency = Some(claim),
+            idempotency::Outcome::Replay(answer) => {
                 info!(log, "send replayed"; "status" => answer.status);
                 return Ok(reply(answer).with_header(idempotency::REPLAYED_HEADER, "true"));
             }
-            Ok(idempotency::Outcome::InProgress) => {
+            idempotency::Outcome::InProgress => {
                 info!(log, "send refused"; "error" => "idempotency_request_in_progress");
                 return Ok(reply(error::send_answer(&Err(SendError::IdempotencyInProgress))));
             }
-            Err(e @ idempotency::KeyError::Reused) => {
+            idempotency::Outcome::Reused => {
                 info!(log, "send refused"; "error" => "idempotency_key_reused");
-                return Err(
-                    ApiError::new(422, "idempotency_key_reused", e.to_string()).with_detail("field", "Idempotency-Key")
-                );
-            }
-            Err(e @ idempotency::KeyError::Malformed) => {
-                return Err(
-                    ApiError::new(422, "validation_error", e.to_string()).with_detail("field", "Idempotency-Key")
-                );
+                return Err(key_refusal("idempotency_key_reused", idempotency::KeyError::Reused));
             }
         }
     }
     let result = state.sender.send(&input).await;
-    match &result {
+    let answer = match &result {
         Ok(sent) => {
             info!(log, "send accepted"; "log_id" => sent.log_id, "message_id" => &sent.message_id, "type" => &sent.message_type);
+            error::send_answer(&result)
         }
         Err(e) => {
             let api = ApiError::from(e);
@@ -173,9 +164,15 @@ async fn send_message(
             } else {
                 info!(log, "send refused"; "error" => api.code);
             }
+            error::error_answer(&api)
         }
-    }
-    Ok(reply(error::send_answer(&result)))
+    };
+    Ok(reply(answer))
+}
+
+/// 422 naming the `Idempotency-Key` header.
+fn key_refusal(code: &'static str, e: idempotency::KeyError) -> ApiError {
+    ApiError::new(422, code, e.to_string()).with_detail("field", "Idempotency-Key")
 }
 
 /// The reply for an answer: its bytes, with `Retry-After` (whole seconds, from

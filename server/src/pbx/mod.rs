@@ -459,7 +459,7 @@ impl Webhook<'_> {
             return Ok(Repeat::Cleared);
         }
         warn!(self.log, "pbx event orphaned at the provider; its outcome is unknown"; "first_event" => event.id);
-        self.store.sweep_orphans(now_ms(), &crate::http::error::orphan_answer()).await?;
+        self.store.sweep_orphans(now_ms(), crate::http::error::orphan_answer()).await?;
         let unknown = ProviderError::OutcomeUnknown(crate::store::ORPHAN_REASON.into());
         let e = crate::http::error::pbx_send_error(SendError::Provider(unknown), phone_field);
         let row = PbxEvent { external_message_id: Some(external), ..outcome_row(event, "refused", Err(&e)) };

@@ -40,6 +40,8 @@ pub enum Outcome {
     Replay(Answer),
     /// The key's first request is still running.
     InProgress,
+    /// The key was used with another request body (`KeyError::Reused`).
+    Reused,
 }
 
 /// The key of a request, if it sent one: `Ok(None)` without the header.
@@ -99,7 +101,7 @@ pub async fn claim(
     key: String,
     request: &SendMessageRequest,
     snapshot: Option<KeySnapshot>,
-) -> Result<Result<Outcome, KeyError>, StoreError> {
+) -> Result<Outcome, StoreError> {
     let Keys { store, render, orphan_answer, provider_timeout } = *keys;
     let owner = IdemOwner {
         customer_id: customer_id.to_string(),
@@ -126,10 +128,10 @@ pub async fn claim(
         claim => claim,
     };
     Ok(match claim {
-        Claim::Claimed => Ok(Outcome::Run(Idempotency { owner, render })),
-        Claim::Replay(answer) => Ok(Outcome::Replay(answer)),
-        Claim::Mismatch => Err(KeyError::Reused),
-        Claim::InProgress { .. } => Ok(Outcome::InProgress),
+        Claim::Claimed => Outcome::Run(Idempotency { owner, render }),
+        Claim::Replay(answer) => Outcome::Replay(answer),
+        Claim::Mismatch => Outcome::Reused,
+        Claim::InProgress { .. } => Outcome::InProgress,
     })
 }
 

@@ -13,9 +13,9 @@
 //! two leaves a pending row that the orphan sweep makes `unknown`: nothing the
 //! provider may have seen is missing from the log, and nothing goes over a limit.
 //!
-//! A request with an idempotency key has claimed it before the pipeline runs (see the
-//! HTTP layer); its final answer, rendered by the caller's `render`, is kept with the
-//! log row in the same transaction.
+//! A request with an idempotency key takes the key in the write of its attempt row (or
+//! of its refusal's row); its final answer, rendered by the caller's `render`, is kept
+//! in the transaction that settles the row (see `idempotency` and `store::attempts`).
 
 pub mod idempotency;
 pub mod media;
@@ -531,7 +531,7 @@ impl Sender {
                 let outcome = self.policy.evaluate(&ctx).await;
                 a.trace.extend(outcome.trace);
                 if outcome.decision != Decision::Allow {
-                    return Err(raced(outcome.decision));
+                    return Err(raced(stage, outcome.decision));
                 }
             }
         }
@@ -548,9 +548,7 @@ impl Sender {
     fn refusal(&self, a: &mut Attempt<'_>, decision: Decision) -> SendError {
         match decision {
             Decision::Allow => unreachable!("an allowed stage is no refusal"),
-            Decision::Deny { policy, code, reason, risk_score, .. } => {
-                SendError::PolicyViolation { policy, rule: Some(code), reason, action: "block", risk_score }
-            }
+            deny @ Decision::Deny { .. } => block(deny),
             Decision::Review { policy, reason, risk_score } => {
                 let threshold = self.config.policies.review_pause_threshold;
                 a.review = Some(ReviewItem {
@@ -800,17 +798,28 @@ fn exact_counters(seen: &model::Counters, seen_hour: u32, rs: &[Reservation], co
     exact
 }
 
-/// A policy decision that did not hold once the send's place was known: a refusal like
-/// any other (a review becomes a block: the message was not queued for review).
-fn raced(decision: Decision) -> SendError {
+/// A policy decision that did not hold once the send's place was known: the refusal
+/// its stage gives, except that a review becomes a block (the message was not queued
+/// for review, its row being the attempt's).
+fn raced(stage: Stage, decision: Decision) -> SendError {
     match decision {
-        Decision::Allow => unreachable!("an allowed stage is no refusal"),
-        Decision::Deny { policy, code, reason, risk_score, .. } => {
-            SendError::PolicyViolation { policy, rule: Some(code), reason, action: "block", risk_score }
+        Decision::Deny { policy, code, reason, risk_score, fault: false } if stage == Stage::Purpose => {
+            SendError::PurposeNotAllowed { policy, rule: code, reason, risk_score }
         }
         Decision::Review { policy, reason, risk_score } => {
             SendError::PolicyViolation { policy, rule: None, reason, action: "block", risk_score }
         }
+        decision => block(decision),
+    }
+}
+
+/// The 403 of a policy's deny.
+fn block(decision: Decision) -> SendError {
+    match decision {
+        Decision::Deny { policy, code, reason, risk_score, .. } => {
+            SendError::PolicyViolation { policy, rule: Some(code), reason, action: "block", risk_score }
+        }
+        _ => unreachable!("only a deny blocks"),
     }
 }
 

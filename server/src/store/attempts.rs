@@ -216,7 +216,7 @@ fn went_out(status: &str) -> bool {
 
 /// `begin` as an op of `gateway_send_ops` (PostgreSQL, migration 0008).
 fn begin_json(b: &Begin) -> serde_json::Value {
-    let idem = b.idem.as_ref().map(|i| claim_json(i, b.entry.created_at, "claim"));
+    let idem = b.idem.as_ref().map(|i| claim_json(i, b.entry.created_at));
     serde_json::json!({"op": "begin", "r": counters::reservations_json(&b.reservations),
                        "log": messages::log_json(&b.entry), "deadline_at": b.deadline_at, "idem": idem})
 }

@@ -6,7 +6,6 @@
 //! value, so two replicas cannot both take the last unit; on SQLite the single writer
 //! serialises. The counters of one send are taken all or none.
 
-use super::writer::{PgAnswer, Postgres, Write, unexpected};
 use super::{Store, StoreError, bind_dollar, now_ms};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
@@ -34,19 +33,6 @@ pub struct LimitHit {
 }
 
 impl Store {
-    /// Takes every reservation or none. `Ok(Err(hit))` names the first that is full.
-    pub async fn reserve(&self, reservations: &[Reservation]) -> Result<Result<(), LimitHit>, StoreError> {
-        self.write(Reserve(reservations.to_vec())).await
-    }
-
-    /// Gives reservations back (the send did not go out).
-    pub async fn release(&self, reservations: &[Reservation]) -> Result<(), StoreError> {
-        if reservations.is_empty() {
-            return Ok(());
-        }
-        self.write(Release(reservations.to_vec())).await
-    }
-
     /// The value of one counter (0 when absent).
     pub async fn counter(&self, scope: &str, window_start: i64) -> Result<i64, StoreError> {
         let row = sqlx::query(COUNT_SQL).bind(scope).bind(window_start).fetch_optional(&self.read).await?;
@@ -58,62 +44,6 @@ impl Store {
         let done =
             sqlx::query("DELETE FROM usage_counters WHERE expires_at < $1").bind(now_ms()).execute(&self.write).await?;
         Ok(done.rows_affected())
-    }
-}
-
-/// Takes every reservation or none (`Store::reserve`).
-struct Reserve(Vec<Reservation>);
-
-impl Write for Reserve {
-    type Output = Result<(), LimitHit>;
-
-    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<Self::Output, StoreError> {
-        Ok(sqlite_reserve(tx, &self.0)?.map(|_| ()))
-    }
-
-    fn postgres(&self) -> Postgres {
-        let arg = serde_json::json!({"op": "reserve", "r": reservations_json(&self.0)});
-        Postgres::Call { function: "gateway_write_batch", arg }
-    }
-
-    fn read_postgres(&self, answer: PgAnswer) -> Result<Self::Output, StoreError> {
-        limit_answer(answer).map(|r| r.map(|_| ()))
-    }
-}
-
-/// `gateway_reserve`'s answer (migration 0008; the `reserve` of 0002 has no counts).
-pub(super) fn limit_answer(answer: PgAnswer) -> Result<Result<Vec<i64>, LimitHit>, StoreError> {
-    let PgAnswer::Value(r) = answer else { return Err(StoreError::Conflict("a reservation had no answer".into())) };
-    if r["ok"] == true {
-        let counts = match r["counts"].as_array() {
-            Some(counts) => {
-                counts.iter().map(|c| c.as_i64().ok_or_else(|| unexpected(&r))).collect::<Result<_, _>>()?
-            }
-            None => Vec::new(),
-        };
-        return Ok(Ok(counts));
-    }
-    let index = r["index"].as_u64().ok_or_else(|| unexpected(&r))? as usize;
-    Ok(Err(LimitHit { index, used: r["used"].as_i64().ok_or_else(|| unexpected(&r))? }))
-}
-
-/// Gives reservations back (`Store::release`).
-struct Release(Vec<Reservation>);
-
-impl Write for Release {
-    type Output = ();
-
-    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
-        sqlite_release(tx, &self.0)
-    }
-
-    fn postgres(&self) -> Postgres {
-        let arg = serde_json::json!({"op": "release", "r": reservations_json(&self.0)});
-        Postgres::Call { function: "gateway_write_batch", arg }
-    }
-
-    fn read_postgres(&self, _: PgAnswer) -> Result<(), StoreError> {
-        Ok(())
     }
 }
 

@@ -47,9 +47,8 @@ pub enum Claim {
     /// The key was used with another request body.
     Mismatch,
     /// The key's first request is still running. `log_id` is its attempt row once it
-    /// reached the provider; `lease_until` bounds how long it may take to get there.
-    /// `since` is when the key was claimed.
-    InProgress { log_id: Option<i64>, lease_until: Option<i64>, since: i64 },
+    /// reached the provider; `since` is when the key was taken.
+    InProgress { log_id: Option<i64>, since: i64 },
 }
 
 /// How long a claimed key may take to reach its attempt row before another request
@@ -163,7 +162,7 @@ impl KeySnapshot {
         if row.log_id.is_none() && row.lease_until.is_some_and(|l| l <= now) {
             return Claim::Claimed;
         }
-        Claim::InProgress { log_id: row.log_id, lease_until: row.lease_until, since: row.created_at }
+        Claim::InProgress { log_id: row.log_id, since: row.created_at }
     }
 
     /// From the columns `i_request_hash`, `i_lease_until`, ... of a joined row.
@@ -265,7 +264,7 @@ impl Write for ClaimKey {
     }
 
     fn postgres(&self) -> Postgres {
-        Postgres::Call { function: "gateway_send_ops", arg: claim_json(&self.idem, self.now, "claim") }
+        Postgres::Call { function: "gateway_send_ops", arg: claim_json(&self.idem, self.now) }
     }
 
     fn read_postgres(&self, answer: PgAnswer) -> Result<bool, StoreError> {
@@ -278,9 +277,9 @@ impl Write for ClaimKey {
 
 /// A key claim as `gateway_send_ops` reads it (an op of its own, or the `idem` of a
 /// `begin`).
-pub(super) fn claim_json(idem: &IdemOwner, now: i64, op: &str) -> serde_json::Value {
+pub(super) fn claim_json(idem: &IdemOwner, now: i64) -> serde_json::Value {
     serde_json::json!({
-        "op": op, "customer_id": idem.customer_id, "key": idem.key, "hash": idem.request_hash,
+        "op": "claim", "customer_id": idem.customer_id, "key": idem.key, "hash": idem.request_hash,
         "owner": idem.owner, "now": now, "expires_at": now + KEY_TTL_MS, "lease_until": now + CLAIM_LEASE_MS,
     })
 }
