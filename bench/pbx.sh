@@ -39,7 +39,7 @@ run_gateway() { # name database_url port
   id=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["integration_id"])')
   secret=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["webhook_secret"])')
   key=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["hmac_secret"])')
-  "$BIN/gateway" --database-url "$db" pbx set --integration "$id" --rate-per-minute 1000000000 \
+  "$BIN/gateway" --database-url "$db" pbx set --integration "$id" --rate-per-minute 60000 \
     --burst 1000000000 >/dev/null
   python3 - "$work/requests.txt" "$key" "$COUNT" <<'PY'
 import hashlib, hmac, sys, time

@@ -77,7 +77,8 @@ impl Client {
     }
 
     /// Sends one logical message exactly once: a fresh idempotency key, and retries
-    /// with it on a lost answer (transport failure), 409 (the first still running),
+    /// with it on a lost answer (transport failure, or a proxy's own 502, 503 or 504
+    /// without the gateway's error body), 409 (the first still running),
     /// 429, 500, 503 and a 502 that proved nothing was sent, waiting `Retry-After` (or
     /// `details.retry_after_seconds`) when given, else an exponential backoff with
     /// full jitter. A 502 `provider_outcome_unknown` is final: the message may be out,
@@ -116,6 +117,10 @@ impl Client {
 fn retry_wait(error: &Error<types::ErrorBody>) -> Option<Option<Duration>> {
     match error {
         Error::CommunicationError(_) | Error::ResponseBodyError(_) => Some(None),
+        // A load balancer or proxy in front of the gateway answered for it (no gateway
+        // error body): the gateway's answer, if any, was lost.
+        Error::InvalidResponsePayload(..) => Some(None),
+        Error::UnexpectedResponse(r) if (502..=504).contains(&r.status().as_u16()) => Some(None),
         Error::ErrorResponse(rv) => {
             let retryable = match rv.status().as_u16() {
                 409 | 429 | 500 | 503 => true,

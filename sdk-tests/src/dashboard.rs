@@ -21,6 +21,8 @@ pub struct Page {
     pub location: Option<String>,
     pub set_cookies: Vec<String>,
     pub content_type: String,
+    /// `Retry-After`, when the answer asks to wait.
+    pub retry_after: Option<String>,
     pub body: String,
 }
 
@@ -75,6 +77,17 @@ impl DashClient {
         }
     }
 
+    /// A browser with no cookies that trusts only this certificate (PEM) over HTTPS.
+    pub fn trusting(base_url: &str, pem: &str) -> DashClient {
+        let root = reqwest::Certificate::from_pem(pem.as_bytes()).expect("a PEM certificate");
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .tls_certs_only([root])
+            .build()
+            .unwrap();
+        DashClient { http, ..DashClient::new(base_url) }
+    }
+
     /// The `Cookie` header this browser sends.
     pub fn cookie_header(&self) -> String {
         self.jar.lock().unwrap().iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join("; ")
@@ -112,6 +125,7 @@ impl DashClient {
             location: headers.get("location").map(|v| v.to_str().unwrap().to_string()),
             set_cookies,
             content_type: headers.get("content-type").map(|v| v.to_str().unwrap().to_string()).unwrap_or_default(),
+            retry_after: headers.get("retry-after").map(|v| v.to_str().unwrap().to_string()),
             body: response.text().await.unwrap(),
         }
     }

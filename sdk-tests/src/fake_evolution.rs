@@ -24,6 +24,8 @@ struct State {
     instances: HashMap<String, FakeInstance>,
     /// (instance, route, body) of every send the fake accepted (really "sent").
     sent: Vec<(String, String, Value)>,
+    /// The `X-Request-Id` of each of those sends.
+    request_ids: Vec<Option<String>>,
     not_on_network: HashSet<String>,
     fail_after_send: HashSet<String>,
     qr_count_zero: bool,
@@ -83,6 +85,11 @@ impl FakeEvolution {
     /// Every send the fake accepted: (instance, route, body).
     pub fn sent(&self) -> Vec<(String, String, Value)> {
         self.state.lock().unwrap().sent.clone()
+    }
+
+    /// The `X-Request-Id` header of every send the fake accepted.
+    pub fn request_ids(&self) -> Vec<Option<String>> {
+        self.state.lock().unwrap().request_ids.clone()
     }
 
     /// This number (digits) is not on the network.
@@ -215,6 +222,7 @@ fn handle(state: &Mutex<State>, key: &str, r: &Received) -> (u16, Value) {
                         return envelope(400, "Bad Request", json!([{"jid": jid, "exists": false, "number": number}]));
                     }
                     st.sent.push((name.to_string(), action.to_string(), body.clone()));
+                    st.request_ids.push(r.header("x-request-id").map(str::to_string));
                     if st.fail_after_send.contains(&number) {
                         return envelope(500, "Internal Server Error", json!(["socket hang up"]));
                     }

@@ -17,6 +17,7 @@ pub mod browser;
 pub mod dashboard;
 pub mod fake_evolution;
 pub mod receiver;
+pub mod tls;
 pub mod wasm;
 
 /// A tenant of the test gateway.
@@ -90,7 +91,8 @@ impl TestContext {
             None => Parts::from_config(&config).expect("parts"),
         };
         let server = start_server_with(log, &config, parts).await.expect("gateway starts");
-        let base_url = format!("http://{}", server.local_addr());
+        let scheme = if config.tls.dropshot().is_some() { "https" } else { "http" };
+        let base_url = format!("{scheme}://{}", server.local_addr());
         // Providers reach this gateway at its real port (the configured one is 0).
         if config.public_url.is_none() {
             config.public_url = Some(base_url.clone());

@@ -7,10 +7,13 @@
 //! that owns them all. `main` only parses, loads, logs and waits for a signal.
 
 pub mod apikey;
+pub mod bounds;
 pub mod config;
 pub mod dashboard;
 pub mod http;
 pub mod ingress;
+pub mod media;
+pub mod metrics;
 pub mod net;
 pub mod ops;
 pub mod pbx;
@@ -19,13 +22,14 @@ pub mod provider;
 pub mod send;
 pub mod state;
 pub mod store;
+pub mod trace;
 pub mod webhooks;
 
 use config::Config;
 use dropshot::{
     ConfigDropshot, ConfigLogging, ConfigLoggingIfExists, ConfigLoggingLevel, HandlerTaskMode, ServerBuilder,
 };
-use slog::{Logger, info, warn};
+use slog::{Drain, Logger, info, warn};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +45,8 @@ pub enum StartError {
     Api(String),
     #[error("starting the HTTP server: {0}")]
     Http(String),
+    #[error("starting the metrics listener: {0}")]
+    Metrics(String),
     #[error("the {0} provider is not available (evolution needs evolution_url and evolution_api_key)")]
     Provider(String),
     #[error(transparent)]
@@ -60,7 +66,7 @@ pub struct Parts {
 impl Parts {
     /// The parts `config` asks for.
     pub fn from_config(config: &Config) -> Result<Parts, StartError> {
-        let evolution = config.evolution();
+        let evolution = crate::provider::evolution::Evolution::from_config(config);
         match config.provider.as_str() {
             "simulator" => {}
             "evolution" if evolution.is_some() => {}
@@ -74,6 +80,8 @@ impl Parts {
 /// A running gateway: HTTP server, store and background workers.
 pub struct RunningServer {
     http: dropshot::HttpServer<Arc<state::AppState>>,
+    metrics: Option<dropshot::HttpServer<Arc<metrics::MetricsContext>>>,
+    tls: Option<dropshot::ConfigTls>,
     store: Store,
     workers: Vec<JoinHandle<()>>,
     dispatcher: Option<webhooks::DispatcherHandle>,
@@ -85,6 +93,21 @@ impl RunningServer {
     /// The address the server listens on.
     pub fn local_addr(&self) -> SocketAddr {
         self.http.local_addr()
+    }
+
+    /// The address of the metrics listener, when it runs.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|m| m.local_addr())
+    }
+
+    /// Reads the certificate and key files again and serves them to new connections;
+    /// connections already open keep theirs. A pair that does not load is refused and
+    /// the current one stays.
+    pub async fn reload_tls(&self) -> Result<(), String> {
+        let tls = self.tls.as_ref().ok_or_else(|| "HTTPS is not configured".to_string())?;
+        // Dropshot's own refresh panics on a bad pair: check it first.
+        rustls::ServerConfig::try_from(tls).map_err(|e| e.to_string())?;
+        self.http.refresh_tls(tls).await
     }
 
     /// The store the server uses.
@@ -101,6 +124,9 @@ impl RunningServer {
     /// Stops accepting, lets requests in flight finish, stops workers, closes the store.
     pub async fn close(self) -> Result<(), String> {
         let result = self.http.close().await;
+        if let Some(metrics) = self.metrics {
+            let _ = metrics.close().await;
+        }
         if let Some(dispatcher) = self.dispatcher {
             dispatcher.shutdown().await;
         }
@@ -156,32 +182,52 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     let mut state = state::AppState::new(store.clone(), sender, config.clone());
     state.policies = policies.clone();
     let state = Arc::new(state);
+    // The dummy hash unknown emails are checked against, made before the first sign-in.
+    dashboard::auth::prepare().await;
     let api = http::api_description().map_err(StartError::Api)?;
     let dropshot_config = ConfigDropshot {
         bind_address: config.listen,
         default_request_body_max_bytes: 64 * 1024,
         default_handler_task_mode: HandlerTaskMode::Detached,
+        // Every log line of a request carries Dropshot's `req_id` and, beside it, the
+        // caller's `X-Correlation-Id` (as `hdr_x_correlation_id`).
+        log_headers: vec![trace::CORRELATION_HEADER.to_string()],
         ..Default::default()
     };
-    let http = ServerBuilder::new(api, state, log.new(slog::o!("component" => "http")))
+    // Every answer is counted from Dropshot's "request completed" record (see metrics).
+    let http_log = log.new(slog::o!("component" => "http"));
+    let http_log = Logger::root(slog::Duplicate::new(metrics::HttpDrain, http_log).fuse(), slog::o!());
+    let tls = config.tls.dropshot();
+    let http = ServerBuilder::new(api, state, http_log)
         .config(dropshot_config)
+        .tls(tls.clone())
         .start()
         .map_err(|e| StartError::Http(e.to_string()))?;
-    let day_ms = 24 * 3_600_000;
-    let retention = Retention {
-        pbx_events_ms: config.pbx.event_retention_days.max(1) * day_ms,
-        webhook_attempts_ms: config.webhooks.retention_days.max(1) * day_ms,
+    let metrics = match config.metrics_listen {
+        Some(address) => {
+            let api = metrics::api().map_err(StartError::Metrics)?;
+            let context = Arc::new(metrics::MetricsContext { store: store.clone() });
+            let config = ConfigDropshot { bind_address: address, ..Default::default() };
+            let server = ServerBuilder::new(api, context, log.new(slog::o!("component" => "metrics")))
+                .config(config)
+                .start()
+                .map_err(|e| StartError::Metrics(e.to_string()))?;
+            info!(log, "metrics listening"; "address" => %server.local_addr());
+            Some(server)
+        }
+        None => None,
     };
-    workers.push(spawn_pruner(store.clone(), retention, log.new(slog::o!("component" => "store"))));
+    workers.push(spawn_retention(store.clone(), config.clone(), log.new(slog::o!("component" => "retention"))));
     workers.push(spawn_provider_watch(store.clone(), &config, log.new(slog::o!("component" => "ingress"))));
     workers.push(spawn_orphan_sweep(store.clone(), log.new(slog::o!("component" => "send"))));
+    workers.push(store.spawn_cache_invalidation(log.new(slog::o!("component" => "cache"))));
     let dispatcher = config.webhooks.dispatch.then(|| {
         let log = log.new(slog::o!("component" => "webhooks"));
         webhooks::Dispatcher::new(store.clone(), config.webhooks.clone(), config.allow_loopback_targets, log).spawn()
     });
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
-          "provider" => &config.provider);
-    Ok(RunningServer { http, store, workers, dispatcher, policies, log })
+          "provider" => &config.provider, "https" => tls.is_some());
+    Ok(RunningServer { http, metrics, tls, store, workers, dispatcher, policies, log })
 }
 
 /// Tells customers of connection changes once they have held for the debounce period,
@@ -233,43 +279,23 @@ fn spawn_orphan_sweep(store: Store, log: Logger) -> JoinHandle<()> {
 /// How often pending attempts past their deadline are looked for.
 const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_secs(2);
 
-/// How long records are kept.
-#[derive(Clone, Copy)]
-struct Retention {
-    pbx_events_ms: i64,
-    webhook_attempts_ms: i64,
-}
-
-/// Every ten minutes deletes limit counters whose window is over, expired PBX
-/// signatures, cooldowns and rate limiters, and PBX events, webhook attempts and
-/// finished outbox events past their retention.
-fn spawn_pruner(store: Store, retention: Retention, log: Logger) -> JoinHandle<()> {
+/// Deletes rows past their retention (`store::retention`) every 10 minutes, the first
+/// time a minute after start.
+fn spawn_retention(store: Store, config: Arc<Config>, log: Logger) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(600));
+        let start = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut tick = tokio::time::interval_at(start, Duration::from_secs(600));
         loop {
             tick.tick().await;
-            match store.prune_counters().await {
-                Ok(n) if n > 0 => info!(log, "pruned limit counters"; "rows" => n),
-                Ok(_) => {}
-                Err(e) => warn!(log, "pruning limit counters failed"; "error" => %e),
-            }
-            match store.prune_pbx(2 * pbx::auth::TOLERANCE_SECONDS * 1000, retention.pbx_events_ms).await {
-                Ok(n) if n > 0 => info!(log, "pruned PBX rows"; "rows" => n),
-                Ok(_) => {}
-                Err(e) => warn!(log, "pruning PBX rows failed"; "error" => %e),
-            }
-            match store.prune_webhooks(retention.webhook_attempts_ms).await {
-                Ok(n) if n > 0 => info!(log, "pruned webhook attempts and finished events"; "rows" => n),
-                Ok(_) => {}
-                Err(e) => warn!(log, "pruning webhook rows failed"; "error" => %e),
-            }
-            match store.prune_idempotency(store::now_ms()).await {
-                Ok(n) if n > 0 => info!(log, "pruned expired idempotency keys"; "rows" => n),
-                Ok(_) => {}
-                Err(e) => warn!(log, "pruning idempotency keys failed"; "error" => %e),
-            }
-            if let Err(e) = store.prune_policy_records(store::now_ms() - 24 * 3_600_000).await {
-                warn!(log, "pruning policy commands and gateway rows failed"; "error" => %e);
+            match store.run_retention_now(&config).await {
+                Ok(report) => {
+                    let pruned: Vec<String> =
+                        report.iter().filter(|p| p.rows > 0).map(|p| format!("{} {}", p.table, p.rows)).collect();
+                    if !pruned.is_empty() {
+                        info!(log, "retention: rows deleted"; "tables" => pruned.join(", "));
+                    }
+                }
+                Err(e) => warn!(log, "retention run failed"; "error" => %e),
             }
         }
     })

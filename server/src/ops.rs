@@ -2,6 +2,7 @@
 //! customers, instances, keys and suppression. Each returns a JSON record to print.
 
 use crate::apikey;
+use crate::bounds;
 use crate::config::Config;
 use crate::pbx;
 use crate::provider;
@@ -126,13 +127,33 @@ pub async fn assign_plan(store: &Store, customer_id: &str, plan: &str, approve: 
     Ok(store.assign_plan(customer_id, plan, approve).await?)
 }
 
+/// Checks `value` (when given) against its documented range.
+fn in_range(name: &str, value: Option<i64>, range: &std::ops::RangeInclusive<i64>) -> Result<(), OpsError> {
+    match value {
+        Some(v) => bounds::within(name, v, range).map(|_| ()).map_err(OpsError::Invalid),
+        None => Ok(()),
+    }
+}
+
 /// Sets an operator's reviewed limit overrides.
 pub async fn set_limits(store: &Store, customer_id: &str, limits: &LimitOverrides) -> Result<Customer, OpsError> {
-    let all = [limits.daily, limits.monthly, limits.instance_per_minute, limits.recipient_per_minute];
-    if all.iter().flatten().any(|n| *n < 1) {
-        return Err(OpsError::Invalid("limits must be at least 1".into()));
-    }
+    in_range("the daily limit", limits.daily, &bounds::DAILY_MESSAGES)?;
+    in_range("the monthly limit", limits.monthly, &bounds::MONTHLY_MESSAGES)?;
+    in_range("sends a minute per instance", limits.instance_per_minute, &bounds::INSTANCE_PER_MINUTE)?;
+    in_range("sends a minute per recipient", limits.recipient_per_minute, &bounds::RECIPIENT_PER_MINUTE)?;
     Ok(store.set_limits(customer_id, limits).await?)
+}
+
+/// Sets how many days an instance's number has been in use (its warm-up).
+pub async fn set_instance_age(store: &Store, instance_id: &str, days: i64) -> Result<Instance, OpsError> {
+    in_range("the age in days", Some(days), &bounds::INSTANCE_AGE_DAYS)?;
+    Ok(store.set_instance_age(instance_id, days).await?)
+}
+
+/// A PBX cooldown given in minutes, as stored (seconds), checked before it is multiplied.
+pub fn cooldown_seconds(minutes: i64) -> Result<i64, OpsError> {
+    in_range("the cooldown in minutes", Some(minutes), &bounds::PBX_COOLDOWN_MINUTES)?;
+    Ok(minutes * 60)
 }
 
 /// Creates an instance, within the plan's instance cap while the plan is active.
@@ -167,7 +188,7 @@ pub async fn create_instance_with(
     }
     let evolution = match provider {
         "simulator" => None,
-        "evolution" => Some(config.evolution().ok_or_else(|| {
+        "evolution" => Some(crate::provider::evolution::Evolution::from_config(config).ok_or_else(|| {
             OpsError::Invalid("the evolution provider needs evolution_url and evolution_api_key".into())
         })?),
         other => return Err(OpsError::Invalid(format!("provider must be simulator or evolution, not {other:?}"))),
@@ -281,8 +302,7 @@ async fn evolution_instance(
     if instance.provider != "evolution" {
         return Err(OpsError::Invalid(format!("instance {id} is on the {} provider", instance.provider)));
     }
-    let evolution = config
-        .evolution()
+    let evolution = crate::provider::evolution::Evolution::from_config(config)
         .ok_or_else(|| OpsError::Invalid("the evolution provider needs evolution_url and evolution_api_key".into()))?;
     Ok((instance, evolution))
 }
@@ -341,7 +361,7 @@ pub fn pbx_json(p: &PbxIntegration, templates: &[PbxTemplate], config: &Config) 
         "business_name": p.business_name,
         "rate_per_minute": p.rate_per_minute.unwrap_or(config.pbx.rate_per_minute),
         "burst": p.burst.unwrap_or(config.pbx.burst),
-        "cooldown_seconds": p.cooldown_seconds.unwrap_or(config.pbx.cooldown_minutes * 60),
+        "cooldown_seconds": p.cooldown_seconds.unwrap_or(config.pbx.cooldown_minutes.saturating_mul(60)),
         "strict_window_hours": p.strict_window_hours,
         "ip_allowlist": p.ip_allowlist,
         "created_at": rfc3339(p.created_at),
@@ -438,13 +458,11 @@ pub async fn set_pbx_template(store: &Store, id: i64, event: &str, text: &str, p
 
 /// Checks and applies a settings change.
 pub async fn update_pbx(store: &Store, id: i64, update: &PbxSettingsUpdate) -> Result<(), OpsError> {
-    let positive = [update.rate_per_minute, update.burst, update.strict_window_hours];
-    if positive.iter().flatten().flatten().any(|n| *n < 1) {
-        return Err(OpsError::Invalid("rate, burst and window must be at least 1".into()));
-    }
-    if update.cooldown_seconds.flatten().is_some_and(|n| n < 0) {
-        return Err(OpsError::Invalid("the cooldown must not be negative".into()));
-    }
+    in_range("the rate per minute", update.rate_per_minute.flatten(), &bounds::PBX_RATE_PER_MINUTE)?;
+    in_range("the burst", update.burst.flatten(), &bounds::PBX_BURST)?;
+    in_range("the strict window in hours", update.strict_window_hours.flatten(), &bounds::PBX_STRICT_WINDOW_HOURS)?;
+    let most = bounds::PBX_COOLDOWN_MINUTES.end() * 60;
+    in_range("the cooldown in seconds", update.cooldown_seconds.flatten(), &(0..=most))?;
     if let Some(Some(list)) = &update.ip_allowlist {
         pbx::auth::parse_allowlist(list).map_err(OpsError::Invalid)?;
     }

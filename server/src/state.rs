@@ -25,19 +25,33 @@ pub struct AppState {
     pub policies: Option<crate::policy::reload::PolicyControl>,
     /// When each key's `last_used_at` was last written.
     key_touched: Mutex<HashMap<String, i64>>,
+    /// The operator's proxies, behind which `X-Forwarded-For` names the client.
+    trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 impl AppState {
     /// State over a store and a pipeline.
     pub fn new(store: Store, sender: Sender, config: Arc<Config>) -> Self {
         AppState {
+            dashboard: crate::dashboard::DashState::new(&config),
+            trusted_proxies: crate::net::client_addr::parse_trusted(&config.trusted_proxies).unwrap_or_default(),
             store,
             sender,
             config,
-            dashboard: Default::default(),
             policies: None,
             key_touched: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The client's address: the connection's `peer`, or behind the operator's trusted
+    /// proxies the nearest untrusted hop of `X-Forwarded-For` (`net::client_addr`).
+    pub fn client_ip(&self, peer: std::net::IpAddr, headers: &http::HeaderMap) -> std::net::IpAddr {
+        let forwarded = headers.get_all("x-forwarded-for");
+        crate::net::client_addr::client_ip(
+            peer,
+            forwarded.iter().filter_map(|v| v.to_str().ok()),
+            &self.trusted_proxies,
+        )
     }
 
     /// Writes `last_used_at` at most once a minute per key, off the request path.

@@ -413,3 +413,73 @@ fn user_and_operator_commands_print_a_one_time_sign_in_link() {
     assert!(!cli.run(&["user", "create", "--customer", "cus_nope", "--email", "x@acme.example", "--role", "viewer"]).0);
     assert!(!cli.run(&["operator", "create", "--email", "not-an-email"]).0);
 }
+
+/// Every number has a range, and a value outside it is refused with the range named,
+/// never accepted to wrap later (the cooldown of 153722867280912930 minutes used to
+/// wrap to a negative time and turn the cooldown off).
+#[test]
+fn numbers_outside_their_range_are_refused_by_the_cli_and_the_configuration() {
+    let cli = Cli::new();
+    let demo = cli.ok(&["demo"]);
+    let (customer, instance) = (demo["customer_id"].as_str().unwrap(), demo["instance_id"].as_str().unwrap());
+    cli.ok(&["customer", "modules", "--customer", customer, "--pbx", "on"]);
+    let pbx = cli.ok(&["pbx", "create", "--customer", customer, "--instance", instance]);
+    let pbx = pbx["integration_id"].to_string();
+    let refused = |args: &[&str], says: &str| {
+        let (ok, err) = cli.run(args);
+        assert!(!ok, "{args:?} was accepted");
+        let message = err["error"].as_str().unwrap();
+        assert!(message.contains(says), "{args:?}: {message}");
+    };
+    let set = |flag: &str, value: &str| ["pbx", "set", "--integration", &pbx, &format!("{flag}={value}")].join("\u{1}");
+    for (args, says) in [
+        (set("--cooldown-minutes", "153722867280912930"), "between 0 and 10080"),
+        (set("--cooldown-minutes", "-1"), "between 0 and 10080"),
+        (set("--rate-per-minute", "60001"), "between 1 and 60000"),
+        (set("--burst", "0"), "between 1 and 1000000000"),
+        (set("--strict-window-hours", "100000"), "between 1 and 720"),
+    ] {
+        let args: Vec<&str> = args.split('\u{1}').collect();
+        refused(&args, says);
+    }
+    assert_eq!(
+        cli.ok(&["pbx", "set", "--integration", &pbx, "--cooldown-minutes", "10080"])["cooldown_seconds"],
+        604_800
+    );
+    refused(&["customer", "limits", "--customer", customer, "--daily", "0"], "between 1 and 1000000000");
+    refused(&["customer", "limits", "--customer", customer, "--monthly", "999999999999"], "between 1 and 1000000000");
+    refused(&["instance", "age", instance, "--days", "106751991167301"], "between 0 and 36500");
+    refused(&["review", "list", "--limit", "5000"], "between 1 and 1000");
+    refused(&["webhook", "recover", "--instance", instance, "--since", "9223372036854775807"], "is not a time");
+    refused(&["policy", "reload", "--wait", "18446744073709551615"], "between 0 and 3600");
+    // The configuration: the key and its range, before anything starts.
+    let (ok, err) = cli.run_with_env(&["migrate"], &[("GATEWAY_PBX__COOLDOWN_MINUTES", "153722867280912930")]);
+    assert!(!ok);
+    assert!(err["error"].as_str().unwrap().contains("pbx.cooldown_minutes must be between 0 and 10080"), "{err}");
+    let (ok, err) = cli.run_with_env(&["migrate"], &[("GATEWAY_WEBHOOKS__JITTER", "nan")]);
+    assert!(!ok && err["error"].as_str().unwrap().contains("webhooks.jitter"), "{err}");
+}
+
+#[test]
+fn retention_run_and_privacy_erase_say_what_they_touched() {
+    let cli = Cli::new();
+    let demo = cli.ok(&["demo"]);
+    let customer = demo["customer_id"].as_str().unwrap();
+    let run = cli.ok(&["retention", "run"]);
+    for table in ["message_log", "inbound_messages", "provider_events", "contacts", "dashboard_login_throttle"] {
+        assert_eq!(run["pruned"][table], 0, "{run}");
+    }
+    assert_eq!(run["retention"]["message_log_days"], 90);
+    let (ok, _) = cli.run_with_env(&["retention", "run"], &[("GATEWAY_RETENTION__MESSAGE_LOG_DAYS", "0")]);
+    assert!(!ok, "a retention of 0 days is refused");
+    cli.ok(&["suppression", "add", "--customer", customer, "--phone", "+14155550123", "--reason", "asked"]);
+    let erased = cli.ok(&["privacy", "erase", "--customer", customer, "--phone", "+1 (415) 555-0123"]);
+    assert_eq!(erased["phone"], "+14155550123", "the number as the API normalises it");
+    let touched = erased["touched"].as_array().unwrap();
+    assert!(
+        touched.iter().any(|t| t["table"] == "suppressed_recipients" && t["action"] == "kept" && t["rows"] == 1),
+        "{erased}"
+    );
+    let (ok, err) = cli.run(&["privacy", "erase", "--customer", customer, "--phone", "not a phone"]);
+    assert!(!ok && err["error"].as_str().unwrap().contains("not a valid number"), "{err}");
+}

@@ -96,9 +96,10 @@ async fn a_kill_under_load_leaves_every_answered_send_with_its_row_and_event() {
     let server = serve(&db.url, port, &[]).await;
     let http = reqwest::Client::new();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut workers = Vec::new();
     for w in 0..8 {
-        let (http, key, stop) = (http.clone(), key.clone(), stop.clone());
+        let (http, key, stop, progress) = (http.clone(), key.clone(), stop.clone(), progress.clone());
         workers.push(tokio::spawn(async move {
             let mut answered = Vec::new();
             for i in 0..10_000 {
@@ -107,7 +108,10 @@ async fn a_kill_under_load_leaves_every_answered_send_with_its_row_and_event() {
                 }
                 let phone = format!("+1415555{:04}", (w * 1000 + i) % 10_000);
                 match send(&http, port, &key, None, &phone).await {
-                    Some((200, body)) => answered.push(body),
+                    Some((200, body)) => {
+                        answered.push(body);
+                        progress.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     Some((status, body)) => panic!("unexpected {status}: {body}"),
                     None => break, // the process is gone
                 }
@@ -115,7 +119,13 @@ async fn a_kill_under_load_leaves_every_answered_send_with_its_row_and_event() {
             answered
         }));
     }
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Kill once the load has really run (a loaded CI machine answers slower than a
+    // fixed sleep assumes), and at least a moment after it started.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while progress.load(std::sync::atomic::Ordering::Relaxed) < 40 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     kill(server); // mid-load: requests in flight at every stage
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut answered = Vec::new();

@@ -517,7 +517,7 @@ async fn operators_and_customers_keep_to_their_side() {
         .await;
     assert_eq!(raised.status, 303);
     assert_eq!(store.customer(c).await.unwrap().overrides.daily, Some(500));
-    assert!(ana.get("/dashboard").await.body.contains("/ 500"), "the customer sees the raised limit");
+    assert!(ana.get("/dashboard").await.body.contains(" of 500"), "the customer sees the raised limit");
     cx.teardown().await;
 }
 
@@ -649,6 +649,50 @@ async fn users_are_invited_with_a_one_time_link_and_removal_ends_their_sessions(
         403,
         "admins do not touch owners"
     );
+    cx.teardown().await;
+}
+
+#[tokio::test]
+async fn inviting_an_email_of_another_customer_tells_nothing_about_it() {
+    let cx = TestContext::new("dash_oracle").await;
+    let other = create_tenant(cx.store(), &cx.config, "Other customer", Some("starter")).await;
+    // b@b.example signs in to the other customer.
+    let bea = person(&cx, Some(&other.customer_id), "b@b.example", Role::Owner).await;
+    let ana = owner(&cx).await;
+    let taken = ana.submit("/users", "/users", &[("email", "b@b.example"), ("role", "developer")]).await;
+    let fresh = ana.submit("/users", "/users", &[("email", "new@b.example"), ("role", "developer")]).await;
+    assert_eq!((taken.status, fresh.status), (200, 200), "{}", taken.body);
+    let link = shown_link(&taken.body).expect("a link is shown as for anyone");
+    assert!(shown_link(&fresh.body).is_some());
+    // The two answers say the same, and the list shows both invitees alike.
+    assert!(taken.body.contains("b@b.example is invited as developer."), "{}", taken.body);
+    assert!(fresh.body.contains("new@b.example is invited as developer."));
+    for word in ["exist", "another", "already", "taken"] {
+        assert!(!taken.body.to_lowercase().contains(word), "the answer says {word:?}: {}", taken.body);
+    }
+    let list = ana.get("/users").await.body;
+    let row = |email: &str| {
+        let at = list.find(email).unwrap();
+        let end = at + list[at..].find("</tr>").unwrap();
+        list[at..end].replace(email, "EMAIL").chars().filter(|c| !c.is_ascii_hexdigit()).collect::<String>()
+    };
+    assert_eq!(row("b@b.example"), row("new@b.example"), "the two invitees are listed alike");
+    // The link of the one that exists elsewhere is refused as any invalid link, and the
+    // other customer's account is untouched.
+    let browser = DashClient::new(&cx.base_url);
+    let csrf = browser.get("/invite").await.csrf();
+    let code = link.split_once('#').unwrap().1;
+    let tried = browser
+        .post("/invite", &[("csrf", &csrf), ("token", code), ("password", PASSWORD), ("password2", PASSWORD)])
+        .await;
+    assert_eq!(tried.status, 400);
+    assert!(tried.body.contains("This invitation is not valid"), "{}", tried.body);
+    assert_eq!(bea.get("/dashboard").await.status, 200);
+    let signs_in = cx.store().dashboard_user_by_email("b@b.example").await.unwrap().unwrap();
+    assert_eq!(signs_in.customer_id.as_deref(), Some(other.customer_id.as_str()), "the email signs in where it did");
+    // Inviting an email twice into one customer is refused: that one is visible anyway.
+    let twice = ana.submit("/users", "/users", &[("email", "new@b.example"), ("role", "viewer")]).await;
+    assert_eq!(twice.status, 400);
     cx.teardown().await;
 }
 

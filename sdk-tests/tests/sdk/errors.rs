@@ -238,11 +238,20 @@ async fn media_problems_are_422_naming_media_or_mime_type() {
         (media("image", "image/png", "https://127.0.0.1/a.png"), "media"),
         (media("image", "image/png", "https://localhost/a.png"), "media"),
         (media("image", "image/png", "https://169.254.169.254/latest/meta-data"), "media"),
+        // IPv4 carried in IPv6 (compatible, translated, NAT64, 6to4), the 6to4 relay.
+        (media("image", "image/png", "https://[::127.0.0.1]/a.png"), "media"),
+        (media("image", "image/png", "https://[::ffff:0:127.0.0.1]/a.png"), "media"),
+        (media("image", "image/png", "https://[64:ff9b::a9fe:a9fe]/a.png"), "media"),
+        (media("image", "image/png", "https://[2002:7f00:1::]/a.png"), "media"),
+        (media("image", "image/png", "https://192.88.99.1/a.png"), "media"),
         (media("video", "video/mp4", png), "media_type"),
         (media("image", "image/png", &format!("data:image/jpeg;base64,{png}")), "mime_type"),
     ] {
         let r = expect_raw(cx.send_json(&b).await, 422, "validation_error");
         assert_eq!(r["details"]["field"], field, "{b}");
+        // A refusal says what is wrong with the URL, never where a name pointed.
+        let message = r["message"].as_str().unwrap();
+        assert!(!message.contains("127.0.0.1") && !message.contains("::1"), "{message}");
     }
     let mut missing = media("image", "image/png", png);
     missing.as_object_mut().unwrap().remove("file_name");

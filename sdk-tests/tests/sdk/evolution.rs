@@ -61,6 +61,8 @@ async fn evolution_context(name: &str, fake: &FakeEvolution) -> TestContext {
         |c| {
             fake.configure(c);
             c.provider_timeout_ms = 2_000;
+            // Media URLs on loopback (a receiver of the test's) are fetched.
+            c.allow_loopback_targets = true;
         },
         None,
     )
@@ -117,6 +119,18 @@ async fn sends_go_through_evolution_with_typed_failures() {
         (Some("document"), Some("invoice.pdf"), Some("Invoice 2041"))
     );
     assert_eq!(sent_body["media"], "JVBERi0xLjcKMSAwIG9iago8PD4+CmVuZG9iago=");
+
+    // A media URL is fetched by the gateway, through its guard, and the provider gets
+    // the content: it never resolves the name itself.
+    let files = gateway_sdk_tests::receiver::Receiver::start().await;
+    files.script([gateway_sdk_tests::receiver::Behaviour::Answer(200, Vec::new(), "%PDF-1.7\nfetched".into())]);
+    let body = serde_json::json!({"instance_id": "main", "phone": "+14155550153", "message_purpose": "transactional",
+        "media_type": "document", "mime_type": "application/pdf", "file_name": "statement.pdf",
+        "media": files.url("/statement.pdf")});
+    let (status, answer) = cx.send_json(&body).await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, _, sent_body) = fake.sent().pop().unwrap();
+    assert_eq!(sent_body["media"], "JVBERi0xLjcKZmV0Y2hlZA==", "base64 of the fetched bytes, not the URL");
 
     // Logged out (by the operator): the provider refuses (Connection Closed), a clean failure.
     let out = ops::logout_instance(cx.store(), &cx.config, &cx.tenant.instance_id).await.unwrap();
@@ -204,5 +218,67 @@ async fn the_simulator_pairs_with_a_real_qr_and_the_operators_confirmation() {
     }
     assert_eq!(connected.len(), 1);
     assert_eq!(connected[0].1["instance_id"], sim.id.as_str());
+    cx.teardown().await;
+}
+
+/// A support ticket quotes the `x-request-id` the caller got (or its own
+/// `X-Correlation-Id`): the same id is on every log line of the request, in the
+/// message-log row and in the provider's request.
+#[tokio::test]
+async fn a_request_is_followed_by_its_id_from_the_caller_to_the_provider_and_the_log() {
+    let fake = FakeEvolution::start(KEY).await;
+    let cx = evolution_context("evo_trace", &fake).await;
+    let body = serde_json::json!({"instance_id": "main", "phone": "+14155550160",
+                                  "message_purpose": "transactional", "message": "Your order has shipped"});
+    let response = cx
+        .http
+        .post(format!("{}/api/send-message", cx.base_url))
+        .bearer_auth(&cx.tenant.api_key)
+        .header("x-correlation-id", "ticket-4711")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let request_id = response.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert!(!request_id.is_empty());
+    assert_eq!(fake.request_ids(), [Some(request_id.clone())], "the provider got the id");
+    let (_, row) = cx.store().recent_log(&cx.tenant.customer_id, 1).await.unwrap().remove(0);
+    assert_eq!((row.request_id.as_deref(), row.correlation_id.as_deref()), (Some(&*request_id), Some("ticket-4711")));
+    // A refusal before the body is read keeps them too.
+    let refused = cx
+        .http
+        .post(format!("{}/api/send-message", cx.base_url))
+        .bearer_auth(&cx.tenant.api_key)
+        .header("x-correlation-id", "ticket-4712")
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let refused_id = refused.headers()["x-request-id"].to_str().unwrap().to_string();
+    let (_, row) = cx.store().recent_log(&cx.tenant.customer_id, 1).await.unwrap().remove(0);
+    assert_eq!((row.request_id.as_deref(), row.correlation_id.as_deref()), (Some(&*refused_id), Some("ticket-4712")));
+    // Every JSON log line of the request carries the id, and the correlation id beside it.
+    let log = std::fs::read_to_string(cx.config.log_file.as_deref().unwrap()).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| l["req_id"] == request_id.as_str())
+        .collect();
+    assert!(lines.len() >= 2, "the request's lines: {lines:?}");
+    assert!(lines.iter().all(|l| l["hdr_x_correlation_id"] == "ticket-4711"), "{lines:?}");
+    // The customer finds the row in the dashboard by either id.
+    use gateway_sdk_tests::dashboard::signed_in;
+    use gateway_server::dashboard::roles::Role;
+    let owner =
+        signed_in(cx.store(), &cx.config, &cx.base_url, Some(&cx.tenant.customer_id), "owner@t.example", Role::Owner)
+            .await;
+    for id in [request_id.as_str(), "ticket-4711"] {
+        let page = owner.get(&format!("/messages?request={id}")).await;
+        assert_eq!(page.status, 200);
+        assert!(page.body.contains("+14155550160") && !page.body.contains("ticket-4712"), "{}", page.body);
+    }
     cx.teardown().await;
 }

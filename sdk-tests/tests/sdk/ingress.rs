@@ -112,6 +112,36 @@ async fn only_the_instance_secret_gets_in_and_accepted_posts_are_stored() {
     assert_eq!(before, 1, "only the pairing's instance.connected, nothing from refused posts");
     assert_eq!(s.post(&body).await, 200);
     assert_eq!(s.events_named("message.received").await.len(), 1);
+
+    // The secret is checked before the body is read: a wrong secret with a body the
+    // sender never finishes is answered 401 at once. A right one with an oversize
+    // body is 413, at once when its length is declared.
+    let url = format!("{}/internal/provider/evolution/{}", s.cx.base_url, s.cx.tenant.instance_id);
+    let endless = futures::stream::repeat_with(|| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b' '; 64 * 1024])));
+    let unfinished =
+        s.cx.http
+            .post(&url)
+            .header("x-gateway-ingress", "ing_wrong")
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(endless))
+            .timeout(std::time::Duration::from_secs(10))
+            .send()
+            .await;
+    assert_eq!(unfinished.map(|r| r.status().as_u16()).ok(), Some(401), "answered without reading the body");
+    let big = vec![b' '; 2 * 1024 * 1024];
+    let oversize = s.cx.http.post(&url).header("x-gateway-ingress", &s.secret).body(big.clone()).send().await.unwrap();
+    assert_eq!(oversize.status(), 413);
+    let streamed = futures::stream::iter(
+        big.chunks(64 * 1024).map(|c| Ok::<_, std::io::Error>(bytes::Bytes::copy_from_slice(c))).collect::<Vec<_>>(),
+    );
+    let chunked =
+        s.cx.http
+            .post(&url)
+            .header("x-gateway-ingress", &s.secret)
+            .body(reqwest::Body::wrap_stream(streamed))
+            .send()
+            .await;
+    assert!(chunked.is_err() || chunked.unwrap().status() == 413, "no declared length: refused once past the cap");
     s.cx.teardown().await;
 }
 

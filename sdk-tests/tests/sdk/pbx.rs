@@ -384,6 +384,15 @@ async fn payload_errors_are_400_naming_the_field_and_come_before_the_module() {
             "message_purpose",
         ),
         (json!({"event_type": "test", "queue": "q".repeat(129)}), "queue"),
+        // As the contract states it: an event type exactly, a purpose of the five on any
+        // event, a caller's number that is a number when one is given.
+        (json!({"event_type": " test "}), "event_type"),
+        (json!({"event_type": "test", "message_purpose": "marketing"}), "message_purpose"),
+        (
+            json!({"event_type": "outbound_message", "to": "+14155550123", "message_text": "hi", "message_purpose": ""}),
+            "message_purpose",
+        ),
+        (json!({"event_type": "call_ended", "customer_phone": "call me"}), "customer_phone"),
     ] {
         let r = expect_raw(event(&cx, &pbx, &body).await, 400, "validation_error");
         assert_eq!(r["details"]["field"], field, "{body}: {r}");
@@ -441,7 +450,7 @@ async fn a_limit_raised_out_of_the_way_refuses_nothing_under_concurrency() {
     let cx = TestContext::new("pbx_rate_unlimited").await;
     let pbx = integration(&cx, false).await;
     let update = PbxSettingsUpdate {
-        rate_per_minute: Some(Some(1_000_000_000)),
+        rate_per_minute: Some(Some(60_000)),
         burst: Some(Some(1_000_000_000)),
         ..Default::default()
     };

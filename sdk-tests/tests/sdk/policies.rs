@@ -392,14 +392,17 @@ async fn the_operator_uploads_reloads_and_rolls_back_policy_modules_in_the_conso
         operator.submit("/operator/policies", "/operator/policies/upload", &[("module", &b64(&broken))]).await;
     assert_eq!(refused.status, 400);
     assert!(refused.body.contains("fails its fixtures (0 passed, 1 failed)"), "{}", refused.body);
-    assert!(!dir.path().join("content.wasm").exists());
-    // A good one is checked, written, and every gateway reloads.
+    assert!(cx.store().live_policy_modules().await.unwrap().is_empty(), "nothing stored");
+    // A good one is checked, installed in the store, and every gateway loads it.
     let good = policy("content", "9.0.0", "content", &deny, &expecting("deny"));
     let installed =
         operator.submit("/operator/policies", "/operator/policies/upload", &[("module", &b64(&good))]).await;
     assert_eq!(installed.status, 200, "{}", installed.body);
     assert!(installed.body.contains("content@9.0.0") && installed.body.contains("passed its 1 fixtures"));
-    assert_eq!(std::fs::read(dir.path().join("content.wasm")).unwrap(), good);
+    let stored = cx.store().live_policy_modules().await.unwrap();
+    assert_eq!((stored.len(), stored[0].version.as_str()), (1, "9.0.0"));
+    assert_eq!(cx.store().policy_module_bytes(stored[0].id).await.unwrap(), good);
+    assert!(!dir.path().join("content.wasm").exists(), "the store, not this machine's directory");
     let live = |version: &'static str| {
         let policies = cx.server.policies().unwrap().clone();
         async move {
@@ -422,7 +425,7 @@ async fn the_operator_uploads_reloads_and_rolls_back_policy_modules_in_the_conso
     live("1.0.0").await;
     assert_eq!(cx.send_json(&send("transactional", "+14155551502", "Your order has shipped.")).await.0, 200);
     let page = operator.get("/operator/policies").await;
-    assert!(page.body.contains("rolled back") && page.body.contains("9.0.0"), "{}", page.body);
+    assert!(page.body.contains("9.0.0") && cx.store().live_policy_modules().await.unwrap().is_empty(), "{}", page.body);
     // Reload from the console: the command reaches the gateway.
     let reloaded = operator.submit("/operator/policies", "/operator/policies/reload", &[]).await;
     assert_eq!(reloaded.status, 303);

@@ -3,6 +3,7 @@
 use crate::text;
 use gateway_client::types::{MediaType, MessagePurpose, SendMessageRequest};
 use gateway_sdk_tests::TestContext;
+use gateway_sdk_tests::receiver::{Behaviour, Receiver};
 
 const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01";
 const PDF: &[u8] = b"%PDF-1.7\n1 0 obj\n<<>>\nendobj\n";
@@ -61,6 +62,14 @@ async fn text_send_returns_the_success_body_logs_it_and_writes_message_sent() {
 async fn base64_data_url_and_https_url_media_are_sent() {
     let cx = TestContext::with("media_send", |c| c.allow_loopback_targets = true, None).await;
     cx.lift_velocity(&cx.tenant.customer_id).await;
+    // The gateway fetches a media URL itself (loopback only because the test sets the
+    // development flag), following a redirect.
+    let files = Receiver::start().await;
+    let pdf = String::from_utf8(PDF.to_vec()).unwrap();
+    files.script([
+        Behaviour::Answer(302, vec![("location".into(), "/files/b.pdf".into())], String::new()),
+        Behaviour::Answer(200, vec![("content-type".into(), "application/pdf".into())], pdf),
+    ]);
     let cases = [
         media(MediaType::Image, "image/png", "a.png", b64(PNG), Some("Receipt")),
         media(
@@ -71,8 +80,7 @@ async fn base64_data_url_and_https_url_media_are_sent() {
             None,
         ),
         media(MediaType::Audio, "audio/ogg", "note.ogg", b64(OGG), None),
-        // Loopback https is allowed here only because the test sets the development flag.
-        media(MediaType::Image, "image/png", "b.png", "https://localhost:9/b.png".into(), None),
+        media(MediaType::Document, "application/pdf", "b.pdf", files.url("/b.pdf"), None),
     ];
     for request in cases {
         let expected = request.media_type.unwrap().to_string();
@@ -81,6 +89,8 @@ async fn base64_data_url_and_https_url_media_are_sent() {
         let row = cx.store().log_entry(sent.log_id).await.unwrap();
         assert_eq!(row.message_type.as_deref(), Some(expected.as_str()));
     }
+    let fetched: Vec<String> = files.received().iter().map(|r| format!("{} {}", r.method, r.path)).collect();
+    assert_eq!(fetched, ["GET /b.pdf", "GET /files/b.pdf"]);
     cx.teardown().await;
 }
 

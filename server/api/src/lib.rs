@@ -14,6 +14,7 @@ mod contract;
 mod error;
 pub mod events;
 mod reply;
+pub mod request_schemas;
 mod types;
 
 pub use body::{JsonBody, PbxBody, is_json_content_type, parse_json};

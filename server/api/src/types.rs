@@ -6,7 +6,8 @@
 //! missing phone is `missing_phone`, a missing purpose `message_purpose_required` and a
 //! purpose outside the allowed set `message_purpose_not_allowed`, as the specification
 //! names them, rather than one generic serde error. Unknown properties are still
-//! refused at parse time (`deny_unknown_fields`).
+//! refused at parse time (`deny_unknown_fields`). The published schemas of both request
+//! bodies are in `request_schemas`.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -97,41 +98,8 @@ impl JsonSchema for SendMessageRequest {
     }
 
     fn json_schema(g: &mut schemars::r#gen::SchemaGenerator) -> schemars::schema::Schema {
-        SendMessageRequestSchema::json_schema(g)
+        crate::request_schemas::send_message(g)
     }
-}
-
-/// Send a text message (`message`) or a media message (`media_type`, `mime_type`,
-/// `file_name`, `media`, optional `caption`). Unknown properties are rejected.
-#[derive(JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)]
-struct SendMessageRequestSchema {
-    /// Instance ID or instance name owned by the customer.
-    instance_id: String,
-    /// Recipient number in international format (E.164, for example `+14155550123`).
-    phone: String,
-    /// Why the message is sent.
-    message_purpose: MessagePurpose,
-    /// Body for text sends; used as media caption when media is sent.
-    #[serde(default)]
-    message: Option<String>,
-    /// Kind of media; required when sending media.
-    #[serde(default)]
-    media_type: Option<MediaType>,
-    /// Media MIME type; required when sending media.
-    #[serde(default)]
-    mime_type: Option<String>,
-    /// File name; required when sending media.
-    #[serde(default)]
-    file_name: Option<String>,
-    /// Base64 contents, a data URL, or an HTTPS URL reachable by the provider;
-    /// required when sending media.
-    #[serde(default)]
-    media: Option<String>,
-    /// Media caption; overrides `message` as caption when given.
-    #[serde(default)]
-    caption: Option<String>,
 }
 
 /// Success body of `POST /api/send-message`.
@@ -241,40 +209,8 @@ impl JsonSchema for PbxWebhookRequest {
     }
 
     fn json_schema(g: &mut schemars::r#gen::SchemaGenerator) -> schemars::schema::Schema {
-        PbxWebhookRequestSchema::json_schema(g)
+        crate::request_schemas::pbx_webhook(g)
     }
-}
-
-/// A call event from a phone system (PBX).
-#[derive(JsonSchema)]
-#[allow(dead_code)]
-struct PbxWebhookRequestSchema {
-    /// What happened.
-    event_type: PbxEventType,
-    /// Destination phone (E.164) of an `outbound_message` event.
-    #[serde(default)]
-    to: Option<String>,
-    /// The caller's phone (E.164), the recipient of a templated message.
-    #[serde(default)]
-    customer_phone: Option<String>,
-    /// Body of an `outbound_message` event.
-    #[serde(default)]
-    message_text: Option<String>,
-    /// Purpose of an `outbound_message` event; `support` when absent.
-    #[serde(default)]
-    message_purpose: Option<MessagePurpose>,
-    #[serde(default)]
-    conversation_id: Option<String>,
-    /// The phone system's own identifier of this event; a repeat is answered with the
-    /// first result and sends nothing.
-    #[serde(default)]
-    external_message_id: Option<String>,
-    #[serde(default)]
-    agent_extension: Option<String>,
-    #[serde(default)]
-    queue: Option<String>,
-    #[serde(default)]
-    call_time: Option<String>,
 }
 
 /// Success body of the PBX webhook.

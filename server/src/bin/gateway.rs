@@ -15,7 +15,7 @@
 //!
 //! Every command but `serve` and `policy test` prints one JSON document on stdout
 //! (`policy test` prints a line per fixture and `N passed, N failed`); logs go to
-//! stderr. `serve` reloads its policies on SIGHUP.
+//! stderr. `serve` reloads its policies and its TLS certificate on SIGHUP.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -23,7 +23,7 @@ use gateway_server::config::Config;
 use gateway_server::dashboard::accounts;
 use gateway_server::dashboard::roles::Role;
 use gateway_server::store::{LimitOverrides, PbxSettingsUpdate, Store};
-use gateway_server::{ops, start_server};
+use gateway_server::{bounds, ops, start_server};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 
@@ -38,6 +38,27 @@ struct Cli {
     database_url: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Subcommand)]
+enum RetentionCommand {
+    /// Delete every row past its retention now; prints the rows deleted per table.
+    Run,
+}
+
+#[derive(Subcommand)]
+enum PrivacyCommand {
+    /// Remove or redact what the gateway holds about one phone number for one
+    /// customer (message log redacted, received messages, contacts, events and the
+    /// rest deleted; a suppression is kept so the person is never messaged again);
+    /// prints what each table lost.
+    Erase {
+        #[arg(long)]
+        customer: String,
+        /// The person's phone number (any form the API accepts).
+        #[arg(long)]
+        phone: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -108,6 +129,17 @@ enum Command {
         #[command(subcommand)]
         command: ReviewCommand,
     },
+    /// Retention: delete rows past their time (every gateway also does it every 10
+    /// minutes; the days are in the `[retention]` section of the configuration).
+    Retention {
+        #[command(subcommand)]
+        command: RetentionCommand,
+    },
+    /// Data-subject requests.
+    Privacy {
+        #[command(subcommand)]
+        command: PrivacyCommand,
+    },
     /// Dashboard users of a customer.
     User {
         #[command(subcommand)]
@@ -156,6 +188,15 @@ enum PolicyCommand {
         /// Fuel budget for every fixture that sets no max_fuel.
         #[arg(long)]
         max_fuel: Option<u64>,
+    },
+    /// Check a built module as a reload does and install it in the store: every
+    /// gateway on the store (any machine) runs it within a few seconds. A module that
+    /// fails a check is not installed (exit 1).
+    Install {
+        module: PathBuf,
+        /// Seconds to wait for the running gateways to load it.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
     },
     /// Show the modules (name, version, hash, source) each running gateway uses.
     List,
@@ -626,7 +667,7 @@ fn policy_offline(config: &Config, command: PolicyCommand) -> Result<Option<Poli
 /// Runs a command on the store: (whether it fully succeeded, what to print).
 async fn operate(store: &Store, config: &Config, command: Command) -> Result<(bool, Value)> {
     if let Command::Policy { command } = command {
-        return policy_online(store, command).await;
+        return policy_online(store, config, command).await;
     }
     Ok((
         true,
@@ -640,6 +681,22 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<(bo
                 json!({"backup": to.display().to_string(), "bytes": bytes})
             }
             Command::Demo => ops::demo(store, config).await?,
+            Command::Retention { command: RetentionCommand::Run } => {
+                let report = store.run_retention_now(config).await?;
+                let pruned: serde_json::Map<String, Value> =
+                    report.iter().map(|p| (p.table.to_string(), json!(p.rows))).collect();
+                json!({"pruned": pruned, "retention": retention_json(config)})
+            }
+            Command::Privacy { command: PrivacyCommand::Erase { customer, phone } } => {
+                let phone = ops::phone_arg(&phone)?;
+                let report = store.erase_person(&customer, &phone).await?;
+                let touched: Vec<Value> = report
+                    .iter()
+                    .filter(|e| e.rows > 0 || e.action == "kept")
+                    .map(|e| json!({"table": e.table, "action": e.action, "rows": e.rows}))
+                    .collect();
+                json!({"customer_id": customer, "phone": phone, "touched": touched})
+            }
             Command::Customer { command } => match command {
                 CustomerCommand::Create { name, plan, approve } => {
                     let plan = (plan != "none").then_some(plan);
@@ -692,7 +749,9 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<(bo
                     ops::instance_json(&store.set_paused(&id, true, Some(reason.as_deref().unwrap_or("review"))).await?)
                 }
                 InstanceCommand::Resume { id } => ops::instance_json(&store.set_paused(&id, false, None).await?),
-                InstanceCommand::Age { id, days } => ops::instance_json(&store.set_instance_age(&id, days).await?),
+                InstanceCommand::Age { id, days } => {
+                    ops::instance_json(&ops::set_instance_age(store, &id, days).await?)
+                }
             },
             Command::Key { command } => match command {
                 KeyCommand::Create { customer, name } => ops::create_key(store, &customer, &name).await?,
@@ -723,13 +782,15 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<(bo
     ))
 }
 
-async fn policy_online(store: &Store, command: PolicyCommand) -> Result<(bool, Value)> {
+async fn policy_online(store: &Store, config: &Config, command: PolicyCommand) -> Result<(bool, Value)> {
     use gateway_server::policy::tools;
-    let wait = |s: u64| std::time::Duration::from_secs(s);
     Ok(match command {
         PolicyCommand::List => (true, tools::list(store).await?),
-        PolicyCommand::Reload { wait: w } => tools::command(store, "reload", None, wait(w)).await?,
-        PolicyCommand::Rollback { name, wait: w } => tools::command(store, "rollback", Some(&name), wait(w)).await?,
+        PolicyCommand::Reload { wait: w } => tools::command(store, "reload", None, wait_arg(w)?).await?,
+        PolicyCommand::Rollback { name, wait: w } => tools::rollback(store, &name, wait_arg(w)?).await?,
+        PolicyCommand::Install { module, wait: w } => {
+            tools::install_file(store, &config.policies, &module, wait_arg(w)?).await?
+        }
         _ => unreachable!("offline policy commands are handled before the store opens"),
     })
 }
@@ -738,7 +799,7 @@ async fn review(store: &Store, command: ReviewCommand) -> Result<Value> {
     Ok(match command {
         ReviewCommand::List { status, customer, limit } => {
             let status = (status != "all").then_some(status);
-            let items = store.review_queue(status.as_deref(), customer.as_deref(), limit.clamp(1, 1000), None).await?;
+            let items = store.review_queue(status.as_deref(), customer.as_deref(), list_limit(limit)?, None).await?;
             json!({"items": items.iter().map(ops::review_json).collect::<Vec<_>>()})
         }
         ReviewCommand::Show { id } => ops::review_json(&store.review_entry(id).await?),
@@ -771,8 +832,34 @@ async fn user(store: &Store, config: &Config, command: UserCommand) -> Result<Va
     })
 }
 
+/// The retention in force, as `retention run` prints it.
+fn retention_json(config: &Config) -> Value {
+    let r = &config.retention;
+    json!({
+        "message_log_days": r.message_log_days, "inbound_days": r.inbound_days,
+        "provider_events_hours": r.provider_events_hours,
+        "failed_provider_events_days": r.failed_provider_events_days, "review_days": r.review_days,
+        "contacts_days": r.contacts_days, "webhook_attempts_days": config.webhooks.retention_days,
+        "pbx_events_days": config.pbx.event_retention_days,
+    })
+}
+
+/// A `--limit` within its range (refused outside it, never clamped).
+fn list_limit(limit: i64) -> Result<i64> {
+    bounds::within("--limit", limit, &bounds::LIST_LIMIT).map_err(anyhow::Error::msg)
+}
+
+/// A `--wait` within its range, as a duration.
+fn wait_arg(seconds: u64) -> Result<std::time::Duration> {
+    bounds::within("--wait", seconds, &bounds::WAIT_SECONDS)
+        .map(std::time::Duration::from_secs)
+        .map_err(anyhow::Error::msg)
+}
+
 fn since_arg(raw: &str) -> Result<i64> {
     if let Ok(seconds) = raw.trim().parse::<i64>() {
+        let now = gateway_server::store::now_ms() / 1000;
+        anyhow::ensure!((0..=now).contains(&seconds), "{raw:?} is not a time (Unix seconds from 0 to now)");
         return Ok(seconds * 1000);
     }
     let at = chrono::DateTime::parse_from_rfc3339(raw.trim()).with_context(|| format!("{raw:?} is not a time"))?;
@@ -801,7 +888,7 @@ async fn webhook(store: &Store, config: &Config, command: WebhookCommand) -> Res
             show(instance).await?
         }
         WebhookCommand::Attempts { instance, limit } => {
-            let attempts = store.recent_attempts(&instance, limit.clamp(1, 1000)).await?;
+            let attempts = store.recent_attempts(&instance, list_limit(limit)?).await?;
             json!({"instance_id": instance, "attempts": attempts.iter().map(ops::attempt_json).collect::<Vec<_>>()})
         }
         WebhookCommand::Resend { event } => ops::webhook_attempt_now(store, config, None, Some(event)).await?,
@@ -839,7 +926,7 @@ async fn pbx(store: &Store, config: &Config, command: PbxCommand) -> Result<Valu
                 business_name: business_name.map(|n| Some(n).filter(|n| !n.trim().is_empty())),
                 rate_per_minute: rate_per_minute.map(Some),
                 burst: burst.map(Some),
-                cooldown_seconds: cooldown_minutes.map(|m| Some(m.saturating_mul(60))),
+                cooldown_seconds: cooldown_minutes.map(ops::cooldown_seconds).transpose()?.map(Some),
                 strict_window_hours: if no_strict_window { Some(None) } else { strict_window_hours.map(Some) },
                 ip_allowlist: if no_ip_allowlist { Some(None) } else { ip_allowlist.map(Some) },
             };
@@ -858,7 +945,7 @@ async fn pbx(store: &Store, config: &Config, command: PbxCommand) -> Result<Valu
         },
         PbxCommand::RotateSecret { integration, hmac } => ops::rotate_pbx_secret(store, integration, hmac).await?,
         PbxCommand::Events { integration, limit } => {
-            let events = store.recent_pbx_events(integration, limit.clamp(1, 1000)).await?;
+            let events = store.recent_pbx_events(integration, list_limit(limit)?).await?;
             json!({"integration_id": integration, "events": events.iter().map(ops::pbx_event_json).collect::<Vec<_>>()})
         }
     })
@@ -866,26 +953,38 @@ async fn pbx(store: &Store, config: &Config, command: PbxCommand) -> Result<Valu
 
 async fn serve(config: Config, demo: bool) -> Result<()> {
     let log = gateway_server::make_logger(&config).map_err(anyhow::Error::msg)?;
-    let server = start_server(log.clone(), &config).await?;
-    if demo {
-        let mut tenant = ops::demo(server.store(), &config).await?;
-        tenant["base_url"] = json!(format!("http://{}", server.local_addr()));
-        println!("{}", serde_json::to_string_pretty(&tenant)?);
-    }
+    // Listened for before the server starts: a SIGHUP or SIGTERM that arrives while it
+    // starts is handled once it runs, never the default action (exit).
     use tokio::signal::unix::{SignalKind, signal};
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sighup = signal(SignalKind::hangup())?;
+    let server = start_server(log.clone(), &config).await?;
+    if demo {
+        let mut tenant = ops::demo(server.store(), &config).await?;
+        let scheme = if config.tls.dropshot().is_some() { "https" } else { "http" };
+        tenant["base_url"] = json!(format!("{scheme}://{}", server.local_addr()));
+        println!("{}", serde_json::to_string_pretty(&tenant)?);
+    }
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
-            _ = sighup.recv() => match server.policies() {
-                Some(policies) => match policies.reload().await {
-                    Ok(summary) => slog::info!(log, "SIGHUP: policies reloaded"; "result" => summary),
-                    Err(e) => slog::warn!(log, "SIGHUP: policies reloaded, a module was refused"; "result" => e),
-                },
-                None => slog::info!(log, "SIGHUP: no policy host to reload"),
-            },
+            _ = sighup.recv() => {
+                match server.policies() {
+                    Some(policies) => match policies.reload().await {
+                        Ok(summary) => slog::info!(log, "SIGHUP: policies reloaded"; "result" => summary),
+                        Err(e) => slog::warn!(log, "SIGHUP: policies reloaded, a module was refused"; "result" => e),
+                    },
+                    None => slog::info!(log, "SIGHUP: no policy host to reload"),
+                }
+                if config.tls.dropshot().is_some() {
+                    match server.reload_tls().await {
+                        Ok(()) => slog::info!(log, "SIGHUP: TLS certificate reloaded"),
+                        Err(e) => slog::warn!(log, "SIGHUP: the TLS certificate was refused; the current one stays";
+                                              "error" => e),
+                    }
+                }
+            }
             r = server.wait_for_shutdown() => { r.map_err(anyhow::Error::msg)?; break; }
         }
     }

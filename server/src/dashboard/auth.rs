@@ -14,6 +14,7 @@
 //! account (device cookie) are counted in a bucket of their own, so an attacker who
 //! fails on purpose only slows down browsers that never signed in.
 
+use super::password_work::{self, Busy};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::{Algorithm, Argon2, Params, Version};
 use rand::RngCore;
@@ -56,25 +57,36 @@ pub fn verify_blocking(hash: &str, secret: &str) -> bool {
     PasswordHash::new(hash).is_ok_and(|parsed| hasher().verify_password(secret.as_bytes(), &parsed).is_ok())
 }
 
-/// A hash that matches nothing anyone types, checked for unknown accounts.
+/// A hash that matches nothing anyone types, checked for unknown accounts. Made at
+/// start ([`prepare`]), so the first unknown email costs what every later one does.
 static DUMMY_HASH: LazyLock<String> = LazyLock::new(|| hash_blocking(&random_token()));
 
-/// Hashes off the async threads.
-pub async fn hash(secret: String) -> String {
-    tokio::task::spawn_blocking(move || hash_blocking(&secret)).await.expect("hashing does not panic")
+/// Makes the dummy hash now, on a hashing thread.
+pub async fn prepare() {
+    let _ = password_work::pool().run(|| LazyLock::force(&DUMMY_HASH).len()).await;
 }
 
-/// Checks a password against an account's hash, or the dummy hash when there is none.
-pub async fn verify(hash: Option<String>, secret: String) -> bool {
-    tokio::task::spawn_blocking(move || match hash {
-        Some(hash) => verify_blocking(&hash, &secret),
+/// Hashes on a password thread, or `Busy` at once when every slot and the queue are
+/// taken (`password_work`).
+pub async fn hash(secret: String) -> Result<String, Busy> {
+    password_work::pool().run(move || hash_blocking(&secret)).await
+}
+
+/// Checks a password against an account's hash, or the dummy hash when there is none:
+/// the same work either way (blocking: run it on a password thread).
+pub fn check_blocking(hash: Option<&str>, secret: &str) -> bool {
+    match hash {
+        Some(hash) => verify_blocking(hash, secret),
         None => {
-            let _ = verify_blocking(&DUMMY_HASH, &secret);
+            let _ = verify_blocking(&DUMMY_HASH, secret);
             false
         }
-    })
-    .await
-    .unwrap_or(false)
+    }
+}
+
+/// Runs other password work (recovery codes) on a password thread.
+pub async fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, Busy> {
+    password_work::pool().run(work).await
 }
 
 /// Why a password is refused (ASVS 6.2: length only, no composition rules).

@@ -5,13 +5,17 @@
 //!
 //! Each step has its own session (a new id each time), the sign-in forms carry a CSRF
 //! token bound to a pre-session cookie, and every password or code attempt goes
-//! through the throttle (`auth`). Wrong email and wrong password read the same and
-//! take the same time.
+//! through the throttles (per source address, `source_throttle`; per email, `auth`).
+//! Every hash runs on the bounded hashing threads (`password_work`). Wrong email and
+//! wrong password read the same and take the same time.
 
 use super::auth::{self, MAX_DELAY_MS};
 use super::session::{self, DEVICE_COOKIE, DEVICE_MS, PRE_COOKIE};
 use super::views::{self, Notice};
-use super::{Ctx, DashError, Form, csrf, html, page, redirect, totp, with_cookies};
+use super::{
+    Ctx, DashError, Form, client_ip, csrf, html, page, password_work, redirect, totp, with_cookies, with_retry_after,
+};
+use crate::net::client_addr;
 use crate::store::{DashSession, DashUser, now_ms};
 use dropshot::{Body, HttpError, UntypedBody, endpoint};
 use http::{Response, StatusCode};
@@ -109,26 +113,54 @@ async fn admit(rqctx: &Ctx, bucket: &str) -> Result<(), DashError> {
     }
 }
 
+/// The sign-in page again, 429 with `Retry-After`, saying why.
+async fn refused_page(rqctx: &Ctx, refusal: DashError, email: &str) -> Result<Response<Body>, DashError> {
+    let notice = Notice::Error(refusal.public_text());
+    let mut page =
+        sign_in_page(rqctx, StatusCode::TOO_MANY_REQUESTS, "Sign in", Some(&notice), |t| login_form(t, email)).await?;
+    if let Some(wait) = refusal.retry_after() {
+        with_retry_after(&mut page, wait);
+    }
+    Ok(page)
+}
+
 /// Checks email and password; on success the next step's session.
+///
+/// Bounded before any password work, cheapest first: the source address's throttle
+/// (memory), a place among the hashing threads (`password_work`), then the email's
+/// throttle (a store write). Each refusal is 429 with `Retry-After`.
 #[endpoint { method = POST, path = "/login", unpublished = true }]
 async fn login_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
         let form = Form::parse(&rqctx, &body)?;
         check_pre_session(&rqctx, &form).await?;
-        let store = &rqctx.context().store;
         let email = form.get("email").to_lowercase();
+        let metrics = crate::metrics::get();
+        let source = client_addr::source_key(client_ip(&rqctx));
+        if let Err(wait) = rqctx.context().dashboard.signin_sources.admit(&source, std::time::Instant::now()) {
+            metrics.signin_refused.with_label_values(&["source"]).inc();
+            info!(rqctx.log, "sign-in refused"; "reason" => "source throttle", "source" => &source);
+            let wait_seconds = wait.as_secs_f64().ceil() as i64;
+            return refused_page(&rqctx, DashError::Throttled { wait_seconds }, &email).await;
+        }
+        let ticket = match password_work::pool().reserve() {
+            Ok(ticket) => ticket,
+            Err(busy) => {
+                metrics.signin_refused.with_label_values(&["busy"]).inc();
+                return refused_page(&rqctx, busy.into(), &email).await;
+            }
+        };
+        let store = &rqctx.context().store;
         let user = store.dashboard_user_by_email(&email).await?;
         let bucket = bucket(&rqctx, &email, user.as_ref()).await?;
-        if let Err(DashError::Throttled { wait_seconds }) = admit(&rqctx, &bucket).await {
-            let notice = Notice::Error(format!("Too many attempts. Wait {wait_seconds} seconds, then try again."));
-            return sign_in_page(&rqctx, StatusCode::TOO_MANY_REQUESTS, "Sign in", Some(&notice), |t| {
-                login_form(t, &email)
-            })
-            .await;
+        if let Err(throttled) = admit(&rqctx, &bucket).await {
+            metrics.signin_refused.with_label_values(&["account"]).inc();
+            return refused_page(&rqctx, throttled, &email).await;
         }
         let usable = user.as_ref().filter(|u| u.disabled_at.is_none());
         let hash = usable.and_then(|u| u.password_hash.clone());
-        let ok = auth::verify(hash, form.raw("password").to_string()).await;
+        let password = form.raw("password").to_string();
+        let ok = ticket.run(move || auth::check_blocking(hash.as_deref(), &password)).await?;
         let Some(user) = usable.filter(|_| ok) else {
             info!(rqctx.log, "sign-in failed"; "step" => "password", "user_id" => user.as_ref().map(|u| u.id.clone()));
             let notice = Notice::Error("The email or the password is wrong.".into());
@@ -241,11 +273,9 @@ async fn spend_recovery_code(rqctx: &Ctx, user: &DashUser, typed: &str) -> Resul
     }
     let store = &rqctx.context().store;
     let codes = store.unused_recovery_codes(&user.id).await?;
-    let matched = tokio::task::spawn_blocking(move || {
-        codes.into_iter().find(|(_, hash)| auth::verify_blocking(hash, &code)).map(|(id, _)| id)
-    })
-    .await
-    .map_err(|e| DashError::Internal(e.to_string()))?;
+    let matched =
+        auth::run(move || codes.into_iter().find(|(_, hash)| auth::verify_blocking(hash, &code)).map(|(id, _)| id))
+            .await?;
     match matched {
         Some(id) if store.spend_recovery_code(id).await? => {
             let left = store.unused_recovery_codes(&user.id).await?.len();
@@ -317,9 +347,7 @@ async fn enroll_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, Ht
         };
         let codes: Vec<String> = (0..auth::RECOVERY_CODES).map(|_| auth::new_recovery_code()).collect();
         let normalized: Vec<String> = codes.iter().map(|c| auth::normalize_recovery_code(c)).collect();
-        let hashes = tokio::task::spawn_blocking(move || normalized.iter().map(|c| auth::hash_blocking(c)).collect::<Vec<String>>())
-            .await
-            .map_err(|e| DashError::Internal(e.to_string()))?;
+        let hashes = auth::run(move || normalized.iter().map(|c| auth::hash_blocking(c)).collect::<Vec<String>>()).await?;
         store.enroll_totp(&s.user.id, &secret, step, &hashes).await?;
         store.clear_throttle(&bucket).await?;
         info!(rqctx.log, "authenticator enrolled"; "user_id" => &s.user.id);
@@ -370,15 +398,23 @@ async fn invite_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, Ht
         let token_hash = auth::token_hash(&code);
         let now = now_ms();
         let invitation = store.invitation(&token_hash).await?;
+        let invalid =
+            || Notice::Error("This invitation is not valid: it was used, it expired, or the code is wrong.".into());
         let Some(invitation) =
             invitation.filter(|i| i.used_at.is_none() && i.expires_at > now && i.user.disabled_at.is_none())
         else {
-            let notice =
-                Notice::Error("This invitation is not valid: it was used, it expired, or the code is wrong.".into());
-            return sign_in_page(&rqctx, StatusCode::BAD_REQUEST, "Welcome", Some(&notice), |t| invite_form(t, ""))
+            return sign_in_page(&rqctx, StatusCode::BAD_REQUEST, "Welcome", Some(&invalid()), |t| invite_form(t, ""))
                 .await;
         };
         let user = invitation.user;
+        // The email already signs in to an account of another customer: this one can
+        // never be activated. Answered as any invalid link, so the link tells nothing
+        // about other customers; the log says why.
+        if store.email_signs_in_elsewhere(&user.email, &user.id).await? {
+            warn!(rqctx.log, "invitation refused: the email signs in to another account"; "user_id" => &user.id);
+            return sign_in_page(&rqctx, StatusCode::BAD_REQUEST, "Welcome", Some(&invalid()), |t| invite_form(t, ""))
+                .await;
+        }
         let password = form.raw("password");
         let problem = if password != form.raw("password2") {
             Some("The two passwords differ.".to_string())
@@ -391,7 +427,7 @@ async fn invite_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, Ht
             })
             .await;
         }
-        let hash = auth::hash(password.to_string()).await;
+        let hash = auth::hash(password.to_string()).await?;
         if !store.spend_invitation(&token_hash, now).await? {
             return Err(DashError::BadRequest("This invitation was just used.".into()));
         }

@@ -22,18 +22,26 @@
 pub mod accounts;
 mod assets;
 pub mod auth;
+mod charts;
 mod csrf;
+mod export;
+mod inbound;
+mod instance_health;
+mod instance_webhook;
 mod instances;
 mod keys;
 mod login;
-mod logs;
+mod message_log;
 mod operator;
+mod operator_fleet;
 mod overview;
+pub mod password_work;
 mod pbx;
 mod policies;
 mod public;
 pub mod roles;
 pub mod session;
+mod source_throttle;
 mod suppressions;
 pub mod totp;
 mod users;
@@ -57,10 +65,32 @@ pub type Ctx = RequestContext<Arc<AppState>>;
 pub const PAGE_SIZE: i64 = 50;
 
 /// Dashboard state shared by the handlers (part of `AppState`).
-#[derive(Default)]
 pub struct DashState {
     /// Key of the sign-in forms' CSRF tokens, loaded from the store on first use.
     login_key: tokio::sync::OnceCell<Vec<u8>>,
+    /// Sign-in attempts per source address.
+    signin_sources: source_throttle::SourceThrottle,
+}
+
+impl DashState {
+    /// The dashboard's state for `config` (validated: its numbers are in range).
+    pub fn new(config: &crate::config::Config) -> DashState {
+        let d = &config.dashboard;
+        let small = |n: i64| u32::try_from(n).unwrap_or(1);
+        password_work::init(
+            usize::try_from(d.password_slots).unwrap_or(0),
+            usize::try_from(d.password_queue).unwrap_or(0),
+        );
+        DashState {
+            login_key: Default::default(),
+            signin_sources: source_throttle::SourceThrottle::new(small(d.signin_per_minute), small(d.signin_burst)),
+        }
+    }
+}
+
+/// The address `rqctx` came from, behind the operator's trusted proxies.
+pub fn client_ip(rqctx: &Ctx) -> std::net::IpAddr {
+    rqctx.context().client_ip(rqctx.request.remote_addr().ip(), rqctx.request.headers())
 }
 
 /// Why a dashboard request was not served; each becomes an HTML page.
@@ -80,6 +110,9 @@ pub enum DashError {
     UnsupportedForm,
     #[error("too many attempts")]
     Throttled { wait_seconds: i64 },
+    /// Every password-hashing slot and the queue were taken: refused before any work.
+    #[error("busy")]
+    Busy { wait_seconds: i64 },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -105,7 +138,7 @@ impl DashError {
                 StatusCode::BAD_REQUEST
             }
             DashError::UnsupportedForm => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            DashError::Throttled { .. } => StatusCode::TOO_MANY_REQUESTS,
+            DashError::Throttled { .. } | DashError::Busy { .. } => StatusCode::TOO_MANY_REQUESTS,
             DashError::Store(_) | DashError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -126,6 +159,9 @@ impl DashError {
                 .into(),
             DashError::Throttled { wait_seconds } => {
                 format!("Too many attempts. Wait {wait_seconds} seconds, then try again.")
+            }
+            DashError::Busy { wait_seconds } => {
+                format!("Sign-in is busy right now. Wait {wait_seconds} seconds, then try again.")
             }
             other => other.to_string(),
         }
@@ -162,7 +198,34 @@ async fn page(
         }
         _ => info!(log, "dashboard request refused"; "reason" => %error),
     }
-    Ok(html(error.status(), views::error_page(error.status(), &error.public_text())))
+    let mut response = html(error.status(), views::error_page(error.status(), &error.public_text()));
+    if let Some(wait) = error.retry_after() {
+        with_retry_after(&mut response, wait);
+    }
+    Ok(response)
+}
+
+impl DashError {
+    /// Whole seconds a 429 asks the browser to wait.
+    pub fn retry_after(&self) -> Option<i64> {
+        match self {
+            DashError::Throttled { wait_seconds } | DashError::Busy { wait_seconds } => Some((*wait_seconds).max(1)),
+            _ => None,
+        }
+    }
+}
+
+impl From<password_work::Busy> for DashError {
+    fn from(busy: password_work::Busy) -> DashError {
+        DashError::Busy { wait_seconds: busy.retry_after.as_secs().max(1) as i64 }
+    }
+}
+
+/// Adds `Retry-After: seconds` to a 429 page.
+pub fn with_retry_after(response: &mut Response<Body>, seconds: i64) {
+    if let Ok(value) = HeaderValue::from_str(&seconds.max(1).to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
 }
 
 /// An HTML response with the dashboard's security headers; never cached.
@@ -224,21 +287,17 @@ pub struct Form(std::collections::HashMap<String, String>);
 impl Form {
     /// Parses the body of a POST.
     pub fn parse(rqctx: &Ctx, body: &dropshot::UntypedBody) -> Result<Form, DashError> {
-        let content_type = rqctx
-            .request
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
+        let content_type = rqctx.request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+        Form::from_body(content_type.unwrap_or(""), body.as_bytes())
+    }
+
+    /// Parses a body sent with this `Content-Type` (the fuzz target's entry point).
+    pub fn from_body(content_type: &str, bytes: &[u8]) -> Result<Form, DashError> {
+        let content_type = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
         if content_type != "application/x-www-form-urlencoded" {
             return Err(DashError::UnsupportedForm);
         }
-        let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(body.as_bytes())
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(bytes)
             .map_err(|_| DashError::BadRequest("the form could not be read".into()))?;
         Ok(Form(pairs.into_iter().collect()))
     }
@@ -298,10 +357,12 @@ pub fn register(api: &mut dropshot::ApiDescription<Arc<AppState>>) -> Result<(),
     instances::register(api)?;
     keys::register(api)?;
     suppressions::register(api)?;
-    logs::register(api)?;
+    message_log::register(api)?;
+    inbound::register(api)?;
     pbx::register(api)?;
     users::register(api)?;
     operator::register(api)?;
+    operator_fleet::register(api)?;
     policies::register(api)?;
     Ok(())
 }

@@ -12,6 +12,7 @@ use super::roles::{Action, Role};
 use super::session::{self, Viewer};
 use super::views::{self, Notice};
 use super::{Ctx, DashError, Form, PAGE_SIZE, html, page, page_number, query, redirect, when};
+use crate::bounds;
 use crate::ops;
 use crate::store::{Customer, LimitOverrides, PlanStatus, now_ms};
 use dropshot::{Body, HttpError, Path, UntypedBody, endpoint};
@@ -142,7 +143,8 @@ async fn customer_page(
     let state = rqctx.context();
     let store = &state.store;
     let q = query(rqctx);
-    let number = |name: &str| q.get(name).and_then(|p| p.parse::<i64>().ok()).filter(|p| *p >= 1).unwrap_or(1);
+    let number =
+        |name: &str| q.get(name).and_then(|p| p.parse::<i64>().ok()).filter(|p| (1..=100_000).contains(p)).unwrap_or(1);
     let (ipage, upage) = (number("ipage"), number("upage"));
     let (instances, instance_total) = store.instances_page(&customer.id, PAGE_SIZE, (ipage - 1) * PAGE_SIZE).await?;
     let (users, user_total) = store.customer_users(&customer.id, PAGE_SIZE, (upage - 1) * PAGE_SIZE).await?;
@@ -193,10 +195,10 @@ async fn customer_page(
                 p.hint { "In force: " (limits.daily) " a day, " (limits.monthly) " a period, " (limits.instance_per_minute) " a minute per instance, " (limits.recipient_per_minute) " a minute per recipient. Raise them only after reviewing the use case (never for marketing, spam or cold outreach); empty keeps a value." }
                 form.row method="post" action=(format!("/operator/customers/{id}/limits")) {
                     (views::csrf_field(&viewer.csrf))
-                    label { "Daily" input type="number" name="daily" min="1" value=[o.daily]; }
-                    label { "Period" input type="number" name="monthly" min="1" value=[o.monthly]; }
-                    label { "Per instance a minute" input type="number" name="instance_per_minute" min="1" value=[o.instance_per_minute]; }
-                    label { "Per recipient a minute" input type="number" name="recipient_per_minute" min="1" value=[o.recipient_per_minute]; }
+                    label { "Daily" input type="number" name="daily" min=(bounds::DAILY_MESSAGES.start()) max=(bounds::DAILY_MESSAGES.end()) value=[o.daily]; }
+                    label { "Period" input type="number" name="monthly" min=(bounds::MONTHLY_MESSAGES.start()) max=(bounds::MONTHLY_MESSAGES.end()) value=[o.monthly]; }
+                    label { "Per instance a minute" input type="number" name="instance_per_minute" min=(bounds::INSTANCE_PER_MINUTE.start()) max=(bounds::INSTANCE_PER_MINUTE.end()) value=[o.instance_per_minute]; }
+                    label { "Per recipient a minute" input type="number" name="recipient_per_minute" min=(bounds::RECIPIENT_PER_MINUTE.start()) max=(bounds::RECIPIENT_PER_MINUTE.end()) value=[o.recipient_per_minute]; }
                     button type="submit" { "Set limits" }
                 }
             }

@@ -1,5 +1,8 @@
-//! `/dashboard`: the customer's plan, usage against its limits, and its instances.
+//! `/dashboard`: the customer's plan, usage against its limits, and how its sending is
+//! going: sends per day for 30 days by outcome, delivered and read rates, refusals by
+//! rule (charts from `charts`, each with its numbers as a table).
 
+use super::charts::{self, Meter, MeterState, Series};
 use super::roles::Action;
 use super::session::{self, Viewer};
 use super::views::{self, Notice};
@@ -41,15 +44,65 @@ pub fn limits(config: &crate::config::Config, customer: &Customer) -> Limits {
     }
 }
 
-fn meter(label: &str, used: i64, limit: i64, note: &str) -> Markup {
-    html! {
-        div.card {
-            div { (label) }
-            div.big { (used) " / " (limit) }
-            progress value=(used.min(limit)) max=(limit.max(1)) { (used) " of " (limit) }
-            p.hint { (note) }
+/// The 30 UTC days ending today, as chart labels ("11-25") and their start times.
+pub fn last_days(now: i64, days: i64) -> Vec<(String, i64)> {
+    let today = now - now.rem_euclid(DAY_MS);
+    (0..days)
+        .rev()
+        .map(|back| {
+            let day = today - back * DAY_MS;
+            let label = chrono::DateTime::from_timestamp_millis(day).map(|t| t.format("%m-%d").to_string());
+            (label.unwrap_or_default(), day)
+        })
+        .collect()
+}
+
+/// Sends per day by outcome, delivered and read rates, refusals by rule.
+async fn activity(rqctx: &Ctx, customer_id: &str, now: i64) -> Result<Markup, DashError> {
+    let store = &rqctx.context().store;
+    let days = last_days(now, 30);
+    let since = days[0].1;
+    let counts = store.sends_per_day(Some(customer_id), since).await?;
+    let of = |pick: fn(&crate::store::insight::DayCounts) -> u64| -> Vec<u64> {
+        days.iter().map(|(_, day)| counts.iter().find(|c| c.day == *day).map_or(0, pick)).collect()
+    };
+    let series = [
+        Series { name: "sent".into(), class: "sent".into(), values: of(|c| c.sent) },
+        Series { name: "refused".into(), class: "refused".into(), values: of(|c| c.refused) },
+        Series { name: "failed".into(), class: "failed".into(), values: of(|c| c.failed) },
+        Series { name: "unknown or pending".into(), class: "pending".into(), values: of(|c| c.unknown) },
+    ];
+    let labels: Vec<String> = days.iter().map(|(l, _)| l.clone()).collect();
+    let delivery = store.delivery_counts(customer_id, since).await?;
+    let rate = |part: u64| if delivery.sent == 0 { 0.0 } else { part as f64 / delivery.sent as f64 };
+    let rate_meter = |label: &str, part: u64| Meter {
+        label: label.to_string(),
+        value: rate(part) * 100.0,
+        max: 100.0,
+        display: format!(
+            "{} ({} of {})",
+            charts::percent(rate(part)),
+            charts::thousands(part),
+            charts::thousands(delivery.sent)
+        ),
+        state: MeterState::Ok,
+    };
+    let refusals = store.refusals_by_rule(Some(customer_id), since, 10).await?;
+    let total: u64 = series.iter().flat_map(|s| s.values.iter()).sum();
+    Ok(html! {
+        h2 { "The last 30 days" }
+        div.grid.charts {
+            (charts::stacked_columns("sends-per-day", "Send attempts per day",
+                &format!("{} attempts in 30 days, per UTC day, by outcome: sent, refused, failed, unknown or pending.", charts::thousands(total)),
+                &labels, &series))
+            (charts::meters("delivery-rates", "Delivered and read",
+                &format!("Of {} messages sent in 30 days, the share the network reported delivered and read.", charts::thousands(delivery.sent)),
+                &[rate_meter("Delivered", delivery.delivered), rate_meter("Read", delivery.read)]))
+            (charts::horizontal_bars("refusals-by-rule", "Refusals by rule",
+                "Refused attempts in 30 days by the check or policy rule that refused them, most first.",
+                &refusals))
         }
-    }
+    })
 }
 
 /// Status label of a plan.
@@ -83,6 +136,7 @@ async fn render(rqctx: &Ctx, viewer: &Viewer) -> Result<Markup, DashError> {
         )
     });
     let instance_cap = limits.plan.as_ref().map(|p| p.instances).unwrap_or(0);
+    let activity = activity(rqctx, &customer.id, now).await?;
     Ok(views::page(
         viewer,
         "/dashboard",
@@ -101,12 +155,17 @@ async fn render(rqctx: &Ctx, viewer: &Viewer) -> Result<Markup, DashError> {
                 }
             }
             h2 { "Usage against your limits" }
-            div.grid #usage {
-                (meter("Messages today (UTC)", usage.today, limits.daily, "Resets at midnight UTC."))
-                (meter("Messages this period", usage.period, limits.monthly, "The 30-day plan period."))
-                (meter("Instances", usage.instances, instance_cap, "Paired phone numbers."))
+            div #usage {
+                (charts::meters("usage-meters", "Usage against your limits",
+                    "Messages today (UTC; resets at midnight UTC) against the daily limit, messages this 30-day plan period against the period limit, and paired phone numbers against the plan's instances.",
+                    &[
+                        Meter::usage("Messages today", usage.today.max(0) as u64, limits.daily.max(0) as u64),
+                        Meter::usage("Messages this period", usage.period.max(0) as u64, limits.monthly.max(0) as u64),
+                        Meter::usage("Instances", usage.instances.max(0) as u64, instance_cap.max(0) as u64),
+                    ]))
             }
             p.hint { "Only messages the network accepted count. Need more? Operators raise limits after a review of your use case; see the " a href="/docs/responsible-messaging" { "guide" } "." }
+            (activity)
         },
     ))
 }

@@ -12,6 +12,7 @@ use super::roles::Action;
 use super::session::{self, Viewer};
 use super::views::{self, Notice};
 use super::{Ctx, DashError, Form, PAGE_SIZE, before_id, html, page, query, redirect, when};
+use crate::bounds;
 use crate::ops;
 use crate::store::{PbxIntegration, PbxSettingsUpdate};
 use dropshot::{Body, HttpError, UntypedBody, endpoint};
@@ -81,10 +82,10 @@ async fn render(
                         input type="hidden" name="integration" value=(sid);
                         div.grid {
                             div { label { "Business name ({{business_name}})" } input type="text" name="business_name" value=[p.business_name.as_deref()] maxlength="100"; }
-                            div { label { "Requests a minute" } input type="number" name="rate_per_minute" min="1" value=(p.rate_per_minute.unwrap_or(cfg.rate_per_minute)); }
-                            div { label { "Burst" } input type="number" name="burst" min="1" value=(p.burst.unwrap_or(cfg.burst)); }
-                            div { label { "Cooldown per caller (minutes, 0: none)" } input type="number" name="cooldown_minutes" min="0" value=(p.cooldown_seconds.map(|s| s / 60).unwrap_or(cfg.cooldown_minutes)); }
-                            div { label { "Strict window (hours; empty: off)" } input type="number" name="strict_window_hours" min="1" value=[p.strict_window_hours]; }
+                            div { label { "Requests a minute" } input type="number" name="rate_per_minute" min=(bounds::PBX_RATE_PER_MINUTE.start()) max=(bounds::PBX_RATE_PER_MINUTE.end()) value=(p.rate_per_minute.unwrap_or(cfg.rate_per_minute)); }
+                            div { label { "Burst" } input type="number" name="burst" min=(bounds::PBX_BURST.start()) max=(bounds::PBX_BURST.end()) value=(p.burst.unwrap_or(cfg.burst)); }
+                            div { label { "Cooldown per caller (minutes, 0: none)" } input type="number" name="cooldown_minutes" min=(bounds::PBX_COOLDOWN_MINUTES.start()) max=(bounds::PBX_COOLDOWN_MINUTES.end()) value=(p.cooldown_seconds.map(|s| s / 60).unwrap_or(cfg.cooldown_minutes)); }
+                            div { label { "Strict window (hours; empty: off)" } input type="number" name="strict_window_hours" min=(bounds::PBX_STRICT_WINDOW_HOURS.start()) max=(bounds::PBX_STRICT_WINDOW_HOURS.end()) value=[p.strict_window_hours]; }
                             div { label { "IP allowlist (empty: any)" } input type="text" name="ip_allowlist" value=[p.ip_allowlist.as_deref()] placeholder="203.0.113.0/24, 198.51.100.7"; }
                         }
                         button type="submit" { "Save settings" }
@@ -245,7 +246,10 @@ async fn pbx_settings_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Bod
             business_name: Some(form.opt("business_name").map(str::to_string)),
             rate_per_minute: number(&form, "rate_per_minute")?.map(Some),
             burst: number(&form, "burst")?.map(Some),
-            cooldown_seconds: number(&form, "cooldown_minutes")?.map(|m| Some(m.saturating_mul(60))),
+            cooldown_seconds: number(&form, "cooldown_minutes")?
+                .map(crate::ops::cooldown_seconds)
+                .transpose()?
+                .map(Some),
             strict_window_hours: Some(number(&form, "strict_window_hours")?),
             ip_allowlist: Some(form.opt("ip_allowlist").map(str::to_string)),
         };

@@ -6,13 +6,15 @@
 //! rollback`: every gateway on the store carries them out within its poll interval,
 //! and this page shows each gateway's answer. An uploaded module is checked here as a
 //! gateway would check it (compile, sandbox checks, all of its fixtures) before it is
-//! written to the policies directory, and the gateways then load it from there.
+//! installed in the store (as `gateway policy install` does), and every gateway on the
+//! store, on any machine, then loads it within a few seconds.
 
 use super::operator::{operator_post, operator_viewer};
 use super::session::Viewer;
 use super::views::{self, Notice};
 use super::{Ctx, DashError, Form, PAGE_SIZE, before_id, html, page, query, redirect, when};
 use crate::policy::reload::HostStatus;
+use crate::policy::tools::ToolError;
 use crate::store::{ReviewEntry, now_ms};
 use base64::Engine as _;
 use dropshot::{Body, HttpError, Path, UntypedBody, endpoint};
@@ -206,7 +208,7 @@ async fn policies_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) ->
                                     td { (m.source) }
                                     td { (m.fixtures) }
                                     td { (m.previous.as_deref().unwrap_or("—")) }
-                                    td { @if m.previous.is_some() { (views::button_form("/operator/policies/rollback", &viewer.csrf, "Roll back", &[("name", m.name.as_str())], "secondary")) } }
+                                    td { @if m.previous.is_some() || m.source.starts_with("store") { (views::button_form("/operator/policies/rollback", &viewer.csrf, "Roll back", &[("name", m.name.as_str())], "secondary")) } }
                                 }
                             }
                         }
@@ -222,17 +224,13 @@ async fn policies_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) ->
             }
             @if gateways.is_empty() { p { "No gateway has reported in the last hour." } }
             h2 { "Upload a module" }
-            @match dir {
-                Some(dir) => {
-                    p { "A module built with " code { "gateway policy build IN.wasm --fixtures FIXTURES.json -o OUT.wasm" } ". It is checked here first, then written to " code { (dir) } " as NAME.wasm (a module named like a running one replaces it) and every gateway reloads." }
-                    form.stack.card method="post" action="/operator/policies/upload" {
-                        (views::csrf_field(&viewer.csrf))
-                        label.js-only hidden { "Module file" input type="file" accept=".wasm" data-fill="module-base64" data-encoding="base64" hidden; }
-                        label { "Module, base64 (filled from the file)" textarea #module-base64 name="module" rows="3" required {} }
-                        button type="submit" { "Check and install" }
-                    }
-                }
-                None => p.hint { "Uploading needs a policies directory: start the gateways with GATEWAY_POLICIES_DIR." }
+            p { "A module built with " code { "gateway policy build IN.wasm --fixtures FIXTURES.json -o OUT.wasm" } ". It is checked here first, then installed in the store (a module named like a running one replaces it); every gateway on the store loads it within a few seconds. "
+                @if let Some(dir) = dir { "Files in " code { (dir) } " stay a local source of this machine's gateways; a stored module of the same name takes precedence." } }
+            form.stack.card method="post" action="/operator/policies/upload" {
+                (views::csrf_field(&viewer.csrf))
+                label.js-only hidden { "Module file" input type="file" accept=".wasm" data-fill="module-base64" data-encoding="base64" hidden; }
+                label { "Module, base64 (filled from the file)" textarea #module-base64 name="module" rows="3" required {} }
+                button type="submit" { "Check and install" }
             }
         },
     ))
@@ -261,15 +259,16 @@ async fn policies_rollback_post(rqctx: Ctx, body: UntypedBody) -> Result<Respons
         if name.is_empty() || name.len() > 64 {
             return Err(DashError::BadRequest("Which module?".into()));
         }
-        let id = rqctx.context().store.add_policy_command("rollback", Some(name)).await?;
-        info!(rqctx.log, "policy rollback requested"; "by" => &viewer.user.id, "module" => name, "command_id" => id);
+        let (id, retired) = crate::policy::tools::request_rollback(&rqctx.context().store, name).await?;
+        info!(rqctx.log, "policy rollback requested"; "by" => &viewer.user.id, "module" => name, "command_id" => id,
+              "retired_stored_id" => retired.map(|r| r.id));
         Ok(redirect("/operator/policies?done=rollback"))
     })
     .await
 }
 
-/// Checks an uploaded module as a gateway would and installs it in the policies
-/// directory; every gateway then reloads.
+/// Checks an uploaded module as a gateway would and installs it in the store; every
+/// gateway then loads it.
 #[endpoint {
     method = POST,
     path = "/operator/policies/upload",
@@ -281,9 +280,6 @@ async fn policies_upload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<
         let form = Form::parse(&rqctx, &body)?;
         let viewer = operator_post(&rqctx, &form).await?;
         let state = rqctx.context();
-        let dir = state.config.policies_dir.clone().filter(|d| !d.is_empty()).ok_or_else(|| {
-            DashError::BadRequest("Uploading needs a policies directory (GATEWAY_POLICIES_DIR).".into())
-        })?;
         let host = state.policies.as_ref().map(|p| p.host().clone()).ok_or_else(|| {
             DashError::BadRequest("This gateway runs no policy host to check the module with.".into())
         })?;
@@ -291,31 +287,23 @@ async fn policies_upload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(compact.as_bytes())
             .map_err(|_| DashError::BadRequest("The module is not base64: choose the .wasm file again.".into()))?;
-        let checked = tokio::task::spawn_blocking(move || host.load(&bytes, "upload", true).map(|m| (m, bytes)))
-            .await
-            .map_err(|e| DashError::Internal(format!("checking the module panicked: {e}")))?;
-        let (module, bytes) = match checked {
-            Ok(ok) => ok,
+        let by = format!("console {}", viewer.user.email);
+        let (module, stored) = match crate::policy::tools::install(&state.store, host, bytes, &by).await {
+            Ok(installed) => installed,
+            Err(ToolError::Store(e)) => return Err(e.into()),
             Err(e) => {
                 let notice = Notice::Error(format!("Refused: the module {e}. Nothing was installed."));
                 return Ok(html(StatusCode::BAD_REQUEST, policies_page(&rqctx, &viewer, Some(&notice)).await?));
             }
         };
-        let dir = std::path::PathBuf::from(dir);
-        let file = dir.join(format!("{}.wasm", module.metadata.name));
-        let temp = dir.join(format!(".{}.wasm.upload", module.metadata.name));
-        std::fs::write(&temp, &bytes)
-            .and_then(|()| std::fs::rename(&temp, &file))
-            .map_err(|e| DashError::Internal(format!("writing {}: {e}", file.display())))?;
-        let command = state.store.add_policy_command("reload", None).await?;
-        info!(rqctx.log, "policy module uploaded"; "by" => &viewer.user.id, "module" => module.label(),
-              "sha256" => module.short_hash(), "file" => %file.display(), "command_id" => command);
+        info!(rqctx.log, "policy module installed"; "by" => &viewer.user.id, "module" => module.label(),
+              "sha256" => module.short_hash(), "stored_id" => stored.id);
         let notice = Notice::Ok(format!(
-            "{} ({}) passed its {} fixtures and was written to {}; every gateway reloads it.",
+            "{} ({}) passed its {} fixtures and was installed in the store (#{}); every gateway loads it within a few seconds.",
             module.label(),
             module.short_hash(),
             module.metadata.fixtures.len(),
-            file.display()
+            stored.id
         ));
         Ok(html(StatusCode::OK, policies_page(&rqctx, &viewer, Some(&notice)).await?))
     })

@@ -27,6 +27,7 @@ pub const CUSTOMER_NAV: &[(&str, &str)] = &[
 /// the policy modules pages of the policy engine go here.
 pub const OPERATOR_NAV: &[(&str, &str)] = &[
     ("/operator", "Customers"),
+    ("/operator/fleet", "Fleet"),
     ("/operator/instances", "Instances"),
     ("/operator/reviews", "Review queue"),
     ("/operator/policies", "Policy modules"),

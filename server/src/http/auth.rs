@@ -39,7 +39,7 @@ pub async fn authenticate(
             let (record, snapshot) = found.ok_or_else(invalid)?;
             (record, Some(snapshot))
         }
-        None => (store.api_key_by_hash(&hash).await?.ok_or_else(invalid)?, None),
+        None => (store.api_key_for_request(&hash).await?.ok_or_else(invalid)?, None),
     };
     if record.revoked_at.is_some() {
         return Err(ApiError::new(401, "revoked_api_key", "this API key has been revoked")

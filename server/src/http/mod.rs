@@ -36,12 +36,13 @@ impl GatewayApi for GatewayApiImpl {
     ) -> Result<SendReply, ApiError> {
         let state = rqctx.context().clone();
         let headers = rqctx.request.headers().clone();
+        let trace = crate::trace::Trace::new(&rqctx.request_id, &headers);
         let log = rqctx.log.new(slog::o!("component" => "send"));
         // A backstop: whatever hangs below (a database that stopped answering), the
         // caller gets the error body within the provider timeout plus three database
         // timeouts. Every 503 carries Retry-After.
         let budget = state.config.provider_timeout() + 3 * Duration::from_millis(state.config.database_timeout_ms);
-        let handled = catch_panics(&log, send_message(state, headers, body, log.clone()));
+        let handled = catch_panics(&log, send_message(state, headers, trace, body, log.clone()));
         match tokio::time::timeout(budget, handled).await {
             Ok(Err(e)) if e.status.as_u16() == 503 => Ok(reply(error::error_answer(&e))),
             Ok(result) => result,
@@ -58,7 +59,7 @@ impl GatewayApi for GatewayApiImpl {
         body: PbxBody,
     ) -> Result<PbxReply, ApiError> {
         let state = rqctx.context().clone();
-        let remote = rqctx.request.remote_addr().ip();
+        let remote = state.client_ip(rqctx.request.remote_addr().ip(), rqctx.request.headers());
         let log = rqctx.log.new(slog::o!("component" => "pbx"));
         let integration_id = path.into_inner().integration_id;
         let handled = async {
@@ -76,13 +77,20 @@ impl GatewayApi for GatewayApiImpl {
                 settings: &state.config.pbx,
                 pending_wait: state.config.provider_timeout() + std::time::Duration::from_secs(5),
                 log: &log,
+                trace: crate::trace::Trace::new(&rqctx.request_id, body.headers()),
             };
             let request =
                 WebhookRequest { integration_id: &integration_id, headers: body.headers(), body: &bytes, remote };
             webhook.handle(&request).await
         };
         // 429 and 503 carry Retry-After; the answer is the same body either way.
-        match catch_panics(&log, handled).await {
+        let result = catch_panics(&log, handled).await;
+        let outcome = match &result {
+            Ok(answer) => answer.action.as_str(),
+            Err(e) => e.code,
+        };
+        crate::metrics::get().pbx_events.with_label_values(&[outcome]).inc();
+        match result {
             Ok(answer) => Ok(PbxReply::new(200, serde_json::to_string(&answer).unwrap_or_default())),
             Err(e) if matches!(e.status.as_u16(), 429 | 503) => {
                 let answer = error::error_answer(&e);
@@ -96,6 +104,7 @@ impl GatewayApi for GatewayApiImpl {
 async fn send_message(
     state: Arc<AppState>,
     headers: HeaderMap,
+    trace: crate::trace::Trace,
     body: JsonBody<SendMessageRequest>,
     log: Logger,
 ) -> Result<SendReply, ApiError> {
@@ -116,7 +125,7 @@ async fn send_message(
         Ok(request) => request,
         Err(e) => {
             info!(log, "send refused"; "error" => e.code);
-            state.sender.record_unreadable(&key.customer_id, &key.id, e.code, &e.message).await?;
+            state.sender.record_unreadable(&key.customer_id, &key.id, e.code, &e.message, &trace).await?;
             return Err(e);
         }
     };
@@ -126,6 +135,7 @@ async fn send_message(
         source: "api",
         body: request,
         idempotency: None,
+        trace,
     };
     let idem_key = idem_key.map_err(|e| key_refusal("validation_error", e))?;
     if let Some(idem_key) = idem_key {
@@ -231,19 +241,24 @@ struct IngressPath {
 }
 
 /// Largest provider event accepted (events carry no media: `base64` is off).
-const INGRESS_MAX_BYTES: usize = 1024 * 1024;
+pub const INGRESS_MAX_BYTES: usize = 1024 * 1024;
 
 /// Where the provider posts an instance's events (see `crate::ingress`). Unpublished.
+///
+/// The secret is checked before a byte of the body is read, and the body is read only
+/// up to [`INGRESS_MAX_BYTES`] (413 beyond; the rest is never read): an
+/// unauthenticated post costs a header comparison. Dropshot's own cap is set above
+/// ours so that it never drains an oversize body.
 #[endpoint {
     method = POST,
     path = "/internal/provider/evolution/{instance_id}",
     unpublished = true,
-    request_body_max_bytes = INGRESS_MAX_BYTES,
+    request_body_max_bytes = 2 * INGRESS_MAX_BYTES,
 }]
 async fn provider_ingress(
     rqctx: RequestContext<Arc<AppState>>,
     path: Path<IngressPath>,
-    body: dropshot::UntypedBody,
+    body: dropshot::StreamingBody,
 ) -> Result<Response<Body>, HttpError> {
     let state = rqctx.context().clone();
     let log = rqctx.log.new(slog::o!("component" => "ingress"));
@@ -267,13 +282,41 @@ async fn provider_ingress(
         let id: String = instance_id.chars().take(64).collect();
         slog::warn!(log, "provider event refused"; "cause" => cause, "instance_id" => id,
                     "remote" => %rqctx.request.remote_addr());
+        crate::metrics::get().ingress_events.with_label_values(&["unauthorized"]).inc();
         return Err(HttpError::for_client_error(
             None,
             dropshot::ClientErrorStatusCode::UNAUTHORIZED,
             "unauthorized".into(),
         ));
     }
-    let bytes = body.as_bytes();
+    let declared = rqctx
+        .request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let too_large = || {
+        crate::metrics::get().ingress_events.with_label_values(&["too_large"]).inc();
+        HttpError::for_client_error(
+            None,
+            dropshot::ClientErrorStatusCode::PAYLOAD_TOO_LARGE,
+            format!("a provider event is at most {INGRESS_MAX_BYTES} bytes"),
+        )
+    };
+    if declared.is_some_and(|n| n > INGRESS_MAX_BYTES) {
+        return Err(too_large());
+    }
+    let mut buffer = Vec::with_capacity(declared.unwrap_or(8 * 1024).min(INGRESS_MAX_BYTES));
+    let stream = body.into_stream();
+    futures::pin_mut!(stream);
+    while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+        let chunk = chunk?;
+        if buffer.len() + chunk.len() > INGRESS_MAX_BYTES {
+            return Err(too_large());
+        }
+        buffer.extend_from_slice(&chunk);
+    }
+    let bytes = buffer.as_slice();
     let parsed: Option<serde_json::Value> = serde_json::from_slice(bytes).ok();
     let event_name = parsed
         .as_ref()
@@ -291,6 +334,7 @@ async fn provider_ingress(
         .map_err(|e| HttpError::for_internal_error(e.to_string()))?;
     let Some(envelope) = parsed else {
         let _ = state.store.finish_provider_event(stored_id, Some("not JSON")).await;
+        crate::metrics::get().ingress_events.with_label_values(&["unreadable"]).inc();
         return Err(HttpError::for_bad_request(None, "the body is not JSON".into()));
     };
     let outcome = async {
@@ -299,6 +343,8 @@ async fn provider_ingress(
         state.store.apply_facts(&instance, &facts, now_ms()).await
     }
     .await;
+    let counted = if outcome.is_ok() { "applied" } else { "failed" };
+    crate::metrics::get().ingress_events.with_label_values(&[counted]).inc();
     match outcome {
         Ok(applied) => {
             slog::debug!(log, "provider event"; "event" => &event_name, "events" => applied.events.len(),

@@ -53,6 +53,8 @@ pub struct Webhook<'a> {
     /// How long a repeat waits for the first request with its `external_message_id`.
     pub pending_wait: Duration,
     pub log: &'a Logger,
+    /// The request's ids, kept in the log row of the send it makes.
+    pub trace: crate::trace::Trace,
 }
 
 /// The generic answer to every authentication failure.
@@ -248,7 +250,8 @@ impl Webhook<'_> {
 
     /// Validates the event and decides what it asks for (payload 400, module 403).
     async fn plan(&self, integration: &PbxIntegration, r: &PbxWebhookRequest) -> Result<Plan, ApiError> {
-        let name = r.event_type.as_deref().map(str::trim).filter(|s| !s.is_empty());
+        // Exactly one of the contract's names (not trimmed: " test " is not `test`).
+        let name = r.event_type.as_deref().filter(|s| !s.is_empty());
         let name = name.ok_or_else(|| payload_error("event_type", "event_type is required"))?;
         let event = PbxEventType::parse(name).ok_or_else(|| {
             let all: Vec<&str> = PbxEventType::ALL.iter().map(|e| e.as_str()).collect();
@@ -265,6 +268,14 @@ impl Webhook<'_> {
                 return Err(payload_error(field, format!("{field} is longer than {MAX_FIELD_CHARS} characters")));
             }
         }
+        // A purpose, when given, is one of the contract's, whatever the event type.
+        let purpose = match r.message_purpose.as_deref() {
+            None => MessagePurpose::Support,
+            Some(p) => MessagePurpose::parse(p).ok_or_else(|| {
+                let all: Vec<&str> = MessagePurpose::ALL.iter().map(|p| p.as_str()).collect();
+                payload_error("message_purpose", format!("message_purpose must be one of {}", all.join(", ")))
+            })?,
+        };
         let external_id = r.external_message_id.as_deref().map(str::trim).filter(|s| !s.is_empty()).map(String::from);
         let plan = match event {
             PbxEventType::Test => Plan::Respond("received"),
@@ -275,13 +286,6 @@ impl Webhook<'_> {
                 if text.chars().count() > MAX_TEXT_CHARS {
                     return Err(payload_error("message_text", format!("longer than {MAX_TEXT_CHARS} characters")));
                 }
-                let purpose = match r.message_purpose.as_deref().map(str::trim) {
-                    None | Some("") => MessagePurpose::Support,
-                    Some(p) => MessagePurpose::parse(p).ok_or_else(|| {
-                        let all: Vec<&str> = MessagePurpose::ALL.iter().map(|p| p.as_str()).collect();
-                        payload_error("message_purpose", format!("message_purpose must be one of {}", all.join(", ")))
-                    })?,
-                };
                 Plan::Send(Outgoing {
                     phone: to,
                     phone_field: "to",
@@ -291,28 +295,34 @@ impl Webhook<'_> {
                     external_id,
                 })
             }
-            _ => match self.store.pbx_template(integration.id, event.as_str()).await? {
-                None => Plan::Respond("ignored"),
-                Some(t) => {
-                    let phone = required_phone("customer_phone", &r.customer_phone)?;
-                    let values = template::Values {
-                        customer_phone: Some(&phone),
-                        agent_extension: r.agent_extension.as_deref(),
-                        queue: r.queue.as_deref(),
-                        call_time: r.call_time.as_deref(),
-                        business_name: integration.business_name.as_deref(),
-                    };
-                    let text = template::render(&t.body, &values);
-                    Plan::Send(Outgoing {
-                        phone,
-                        phone_field: "customer_phone",
-                        text,
-                        purpose: t.purpose,
-                        templated: true,
-                        external_id,
-                    })
+            _ => {
+                // A caller's number, when given, is a number, template or not.
+                if r.customer_phone.as_deref().is_some_and(|p| !p.is_empty()) {
+                    required_phone("customer_phone", &r.customer_phone)?;
                 }
-            },
+                match self.store.pbx_template(integration.id, event.as_str()).await? {
+                    None => Plan::Respond("ignored"),
+                    Some(t) => {
+                        let phone = required_phone("customer_phone", &r.customer_phone)?;
+                        let values = template::Values {
+                            customer_phone: Some(&phone),
+                            agent_extension: r.agent_extension.as_deref(),
+                            queue: r.queue.as_deref(),
+                            call_time: r.call_time.as_deref(),
+                            business_name: integration.business_name.as_deref(),
+                        };
+                        let text = template::render(&t.body, &values);
+                        Plan::Send(Outgoing {
+                            phone,
+                            phone_field: "customer_phone",
+                            text,
+                            purpose: t.purpose,
+                            templated: true,
+                            external_id,
+                        })
+                    }
+                }
+            }
         };
         if !integration.module_pbx {
             return Err(
@@ -323,8 +333,12 @@ impl Webhook<'_> {
     }
 
     fn rate_check(&self, integration: &PbxIntegration) -> RateCheck {
-        let per_minute = integration.rate_per_minute.unwrap_or(self.settings.rate_per_minute).max(1);
-        let burst = integration.burst.unwrap_or(self.settings.burst).max(1);
+        // Clamped as a second guard: a value stored before its range existed cannot
+        // turn the limiter off (an interval of 0) or make the burst unbounded.
+        let (rate, most) = (&crate::bounds::PBX_RATE_PER_MINUTE, &crate::bounds::PBX_BURST);
+        let per_minute =
+            integration.rate_per_minute.unwrap_or(self.settings.rate_per_minute).clamp(*rate.start(), *rate.end());
+        let burst = integration.burst.unwrap_or(self.settings.burst).clamp(*most.start(), *most.end());
         let interval_ms = 60_000 / per_minute;
         RateCheck {
             key: format!("pbx:{}", integration.id),
@@ -370,12 +384,15 @@ impl Webhook<'_> {
     ) -> Result<(&'static str, Option<String>), ApiError> {
         if let Some(hours) = integration.strict_window_hours.filter(|h| *h > 0) {
             let last = self.store.last_inbound_at(&integration.instance_id, &out.phone).await?;
-            if last.is_none_or(|at| at < now - hours * 3_600_000) {
+            if last.is_none_or(|at| at < now.saturating_sub(crate::bounds::hours_ms(hours))) {
                 return Ok(("outside_conversation_window", None));
             }
         }
-        let cooldown_ms = integration.cooldown_seconds.unwrap_or(self.settings.cooldown_minutes * 60).max(0) * 1000;
-        let cooldown_until = now + cooldown_ms;
+        // Saturating: a huge stored cooldown means "not again", never a wrap to "off".
+        let cooldown_seconds =
+            integration.cooldown_seconds.unwrap_or(self.settings.cooldown_minutes.saturating_mul(60)).max(0);
+        let cooldown_ms = cooldown_seconds.saturating_mul(1000);
+        let cooldown_until = now.saturating_add(cooldown_ms);
         let cooling = out.templated && cooldown_ms > 0;
         if cooling && !self.store.claim_pbx_cooldown(integration.id, event, &out.phone, now, cooldown_until).await? {
             return Ok(("cooldown", None));
@@ -393,6 +410,7 @@ impl Webhook<'_> {
             },
             idempotency: attempt_key
                 .map(|owner| crate::send::Idempotency { owner, render: crate::http::error::send_answer }),
+            trace: self.trace.clone(),
         };
         match self.sender.send(&input).await {
             Ok(sent) => Ok(("message_sent", Some(sent.message_id))),

@@ -137,6 +137,10 @@ impl PolicyHost {
                 }
             };
             let evaluation = module.evaluate(&converted[index].1, self.limits);
+            crate::metrics::get()
+                .policy_evaluation
+                .with_label_values(&[module.metadata.name.as_str()])
+                .observe(evaluation.micros as f64 / 1e6);
             let mut entry = TraceEntry {
                 stage: stage.as_str(),
                 module: module.metadata.name.clone(),

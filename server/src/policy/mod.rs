@@ -17,6 +17,8 @@ pub mod host;
 pub mod module;
 pub mod reload;
 pub mod sandbox;
+pub mod status;
+mod stored;
 pub mod tools;
 pub mod wit;
 

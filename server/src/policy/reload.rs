@@ -1,15 +1,21 @@
 //! Hot reload: which modules are live, and changing that while the gateway serves.
 //!
 //! One task owns the reload state. It loads the bundled modules once, then the
-//! policies directory; a module there replaces the bundled module of the same name
-//! or is added. It swaps the live set when:
+//! policies directory, then the modules installed in the store (`policy install`,
+//! see `stored`); a module of a later source replaces the module of the same name of
+//! an earlier one, or is added. It swaps the live set when:
+//! - the store's modules changed (asked every second, so an install from any machine
+//!   is live on every replica within a few seconds);
 //! - the directory changed and then stayed unchanged for `debounce_ms` (polled every
 //!   `poll_interval_ms`: a file being copied in is not read half-written; writing a
 //!   temporary name and renaming is still the safe way to drop a file in);
 //! - `SIGHUP` (the binary calls [`PolicyControl::reload`]), or `gateway policy reload`
 //!   (a command row in the store, which every gateway on that store polls);
-//! - `gateway policy rollback NAME`: the previous version of NAME becomes live again
-//!   and stays so until the directory's file for NAME changes.
+//! - `gateway policy rollback NAME`: for a module installed in the store, the CLI
+//!   retires its newest row (the one before it, or the directory's or bundled module,
+//!   is live again on every replica alike); otherwise the previous version this
+//!   replica ran becomes live again and stays so until NAME's file or stored module
+//!   changes.
 //!
 //! A new module goes live only after it compiles, passes the sandbox checks and every
 //! one of its own fixtures (`LoadedModule::load`); otherwise the module it would have
@@ -20,9 +26,10 @@
 use super::bundled;
 use super::host::PolicyHost;
 use super::module::LoadedModule;
+pub use super::status::{CommandResult, HostStatus, ModuleStatus, Refusal};
+use super::stored::StoredSource;
 use crate::config::PolicySettings;
 use crate::store::{Store, now_ms};
-use serde::Serialize;
 use slog::{Logger, info, warn};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -34,55 +41,9 @@ use tokio::task::JoinHandle;
 /// How often a gateway writes its status when nothing changes.
 const HEARTBEAT: Duration = Duration::from_secs(5);
 
-/// One live module, as `policy list` shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct ModuleStatus {
-    pub name: String,
-    pub version: String,
-    pub sha256: String,
-    pub stages: Vec<String>,
-    pub interface: String,
-    /// `bundled`, or the file it was loaded from.
-    pub source: String,
-    pub size: usize,
-    pub fixtures: usize,
-    /// The version `policy rollback` would bring back.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub previous: Option<String>,
-    /// Live by a rollback, until its file changes.
-    pub pinned: bool,
-}
-
-/// A module that was refused, with why.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct Refusal {
-    pub source: String,
-    pub sha256: String,
-    pub error: String,
-    pub at: i64,
-}
-
-/// What a gateway's policy host runs.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
-pub struct HostStatus {
-    pub generation: u64,
-    pub modules: Vec<ModuleStatus>,
-    /// Files in the policies directory that are not live, with why.
-    pub refused: Vec<Refusal>,
-    pub last_reload_at: Option<i64>,
-    /// The last `policy reload`/`rollback` command this gateway carried out.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_command: Option<CommandResult>,
-}
-
-/// The outcome of a command.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct CommandResult {
-    pub id: i64,
-    pub command: String,
-    pub ok: bool,
-    pub message: String,
-}
+/// How often the store is asked which modules it holds (a change is live on every
+/// replica within this plus the time to compile the module).
+const STORE_POLL: Duration = Duration::from_secs(1);
 
 /// A policy host could not start.
 #[derive(Debug, thiserror::Error)]
@@ -167,6 +128,9 @@ struct Reloader {
     last_command: Option<CommandResult>,
     /// The status changed since it was last written to the store.
     unreported: bool,
+    /// Modules installed in the store (`gateway policy install`).
+    stored: Option<StoredSource>,
+    last_sync: Instant,
     log: Logger,
 }
 
@@ -216,10 +180,12 @@ pub async fn start(
         last_reload_at: None,
         last_command: None,
         unreported: true,
+        stored: store.clone().map(StoredSource::new),
+        last_sync: Instant::now(),
         log,
     };
     reloader.snapshot = reloader.scan();
-    // A refused directory module is reported, not fatal: the bundled one stays.
+    // A refused directory or stored module is reported, not fatal: the bundled one stays.
     let _ = reloader.reload_dir().await;
     let mut presence = match store {
         Some(store) => {
@@ -257,6 +223,9 @@ pub async fn start(
                 },
                 _ = interval.tick() => {
                     reloader.watch(debounce).await;
+                    if reloader.last_sync.elapsed() >= STORE_POLL {
+                        reloader.follow_store().await;
+                    }
                     if let Some(p) = presence.as_mut() {
                         reloader.run_commands(p).await;
                     }
@@ -274,7 +243,11 @@ pub async fn start(
     Ok((PolicyControl { host, requests, status }, task))
 }
 
-async fn load_off_thread(host: &Arc<PolicyHost>, bytes: Vec<u8>, source: String) -> Result<LoadedModule, String> {
+pub(super) async fn load_off_thread(
+    host: &Arc<PolicyHost>,
+    bytes: Vec<u8>,
+    source: String,
+) -> Result<LoadedModule, String> {
     let host = host.clone();
     tokio::task::spawn_blocking(move || host.load(&bytes, &source, true).map_err(|e| e.to_string()))
         .await
@@ -321,6 +294,7 @@ impl Reloader {
     /// in the resulting set. Returns a one-line summary; an error when a new file was
     /// refused (what it would have replaced stays live).
     async fn reload_dir(&mut self) -> Result<String, String> {
+        self.sync_store().await;
         let snapshot = self.scan();
         self.files.retain(|path, _| snapshot.contains_key(path));
         let mut loaded = Vec::new();
@@ -373,6 +347,34 @@ impl Reloader {
         Ok(summary)
     }
 
+    /// Loads what changed in the store; a name whose stored module changed is no
+    /// longer pinned by a rollback.
+    async fn sync_store(&mut self) -> bool {
+        self.last_sync = Instant::now();
+        let Some(stored) = self.stored.as_mut() else {
+            return false;
+        };
+        match stored.sync(&self.host, &self.log).await {
+            Ok(changed) => {
+                changed.iter().for_each(|name| _ = self.pinned.remove(name));
+                !changed.is_empty()
+            }
+            Err(e) => {
+                warn!(self.log, "reading the stored policy modules failed"; "error" => e);
+                false
+            }
+        }
+    }
+
+    /// Swaps in what changed in the store since the last look.
+    async fn follow_store(&mut self) {
+        if self.sync_store().await {
+            self.swap();
+            self.last_reload_at = Some(now_ms());
+            self.publish();
+        }
+    }
+
     /// Drops the pin of every name whose directory file changed since the rollback
     /// and now loads.
     fn unpin_changed(&mut self) {
@@ -403,6 +405,10 @@ impl Reloader {
                 let rank = by_name.get(&module.metadata.name).map_or(usize::MAX, |(r, _)| *r);
                 by_name.insert(module.metadata.name.clone(), (rank, module.clone()));
             }
+        }
+        for module in self.stored.iter().flat_map(|s| s.modules()) {
+            let rank = by_name.get(&module.metadata.name).map_or(usize::MAX, |(r, _)| *r);
+            by_name.insert(module.metadata.name.clone(), (rank, module.clone()));
         }
         for (name, pin) in &self.pinned {
             let rank = by_name.get(name).map_or(usize::MAX, |(r, _)| *r);
@@ -490,7 +496,8 @@ impl Reloader {
                 pinned: self.pinned.contains_key(&m.metadata.name),
             })
             .collect();
-        let refused = self.files.values().filter_map(|f| f.error.clone()).collect();
+        let stored = self.stored.iter().flat_map(|s| s.refusals()).cloned();
+        let refused = self.files.values().filter_map(|f| f.error.clone()).chain(stored).collect();
         let mut status = self.status.lock().unwrap_or_else(|p| p.into_inner());
         *status = HostStatus {
             generation: live.generation,
@@ -551,7 +558,7 @@ fn read_limited(path: &Path, max: usize) -> Result<Vec<u8>, String> {
     use std::io::Read;
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
     let mut bytes = Vec::new();
-    file.take(max as u64 + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    file.take((max as u64).saturating_add(1)).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
     Ok(bytes)
 }
 

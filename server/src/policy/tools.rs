@@ -8,10 +8,11 @@
 use super::host::PolicyHost;
 use super::module::{self, LoadError, LoadedModule, Metadata};
 use crate::config::PolicySettings;
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::{NewModule, Store, StoreError, StoredModule, now_ms};
 use gateway_policy_model::{Context, Report};
 use serde_json::{Value, json};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A tool failed.
@@ -205,6 +206,17 @@ pub async fn command(
     wait: Duration,
 ) -> Result<(bool, Value), ToolError> {
     let id = store.add_policy_command(command, name).await?;
+    await_command(store, id, command, name, wait).await
+}
+
+/// Waits up to `wait` for every live gateway to carry out command `id`.
+async fn await_command(
+    store: &Store,
+    id: i64,
+    command: &str,
+    name: Option<&str>,
+    wait: Duration,
+) -> Result<(bool, Value), ToolError> {
     let deadline = Instant::now() + wait;
     loop {
         let now = now_ms();
@@ -239,5 +251,104 @@ pub async fn command(
             ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Checks a module as a reload does (compile, sandbox, every fixture) and, only if a
+/// gateway would serve it, stores it: every replica on the store loads it within a
+/// few seconds. A refused module is never stored.
+pub async fn install(
+    store: &Store,
+    host: Arc<PolicyHost>,
+    bytes: Vec<u8>,
+    by: &str,
+) -> Result<(LoadedModule, StoredModule), ToolError> {
+    let checked = tokio::task::spawn_blocking(move || host.load(&bytes, "install", true).map(|m| (m, bytes)))
+        .await
+        .map_err(|e| ToolError::Invalid(format!("checking the module panicked: {e}")))?;
+    let (module, bytes) = checked?;
+    let new = NewModule {
+        name: &module.metadata.name,
+        version: &module.metadata.version,
+        sha256: &module.sha256,
+        bytes: &bytes,
+        installed_by: by,
+    };
+    let stored = store.install_policy_module(&new).await?;
+    Ok((module, stored))
+}
+
+/// `policy install FILE`: installs, then waits up to `wait` for every live gateway to
+/// run it. `Ok((every live gateway runs it, report))`.
+pub async fn install_file(
+    store: &Store,
+    settings: &PolicySettings,
+    path: &Path,
+    wait: Duration,
+) -> Result<(bool, Value), ToolError> {
+    let bytes = read(path)?;
+    let (module, stored) = install(store, Arc::new(host(settings)?), bytes, "cli").await?;
+    let (ok, gateways) = await_module(store, &module.sha256, wait).await?;
+    let mut out = describe(&module);
+    out["file"] = json!(path.display().to_string());
+    out["stored_id"] = json!(stored.id);
+    out["fixtures"] = json!(format!("{} passed, 0 failed", module.metadata.fixtures.len()));
+    out["gateways"] = gateways;
+    Ok((ok, out))
+}
+
+/// Waits up to `wait` until every live gateway runs the module with `sha256` or has
+/// refused it; reports each.
+pub async fn await_module(store: &Store, sha256: &str, wait: Duration) -> Result<(bool, Value), ToolError> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let live = store.policy_gateways(now_ms() - LIVE_MS).await?;
+        let states: Vec<(bool, Option<Value>)> = live
+            .iter()
+            .map(|g| {
+                let status: Value = serde_json::from_str(&g.status).unwrap_or(Value::Null);
+                let runs = status["modules"].as_array().is_some_and(|m| m.iter().any(|m| m["sha256"] == sha256));
+                let refused = status["refused"]
+                    .as_array()
+                    .and_then(|r| r.iter().find(|r| r["sha256"] == sha256).map(|r| r["error"].clone()));
+                (runs, refused)
+            })
+            .collect();
+        let settled = states.iter().all(|(runs, refused)| *runs || refused.is_some());
+        if settled || Instant::now() >= deadline {
+            let ok = !live.is_empty() && states.iter().all(|(runs, _)| *runs);
+            let gateways: Vec<Value> = live
+                .iter()
+                .zip(&states)
+                .map(|(g, (runs, refused))| {
+                    json!({"gateway_id": g.gateway_id, "host": g.host, "pid": g.pid, "live": runs,
+                           "refused": refused})
+                })
+                .collect();
+            return Ok((ok, json!(gateways)));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `policy rollback NAME`: a module installed in the store is retired there, so the
+/// one before it is live again on every replica alike; any other module goes back to
+/// the version each gateway ran before (a command every gateway carries out).
+pub async fn rollback(store: &Store, name: &str, wait: Duration) -> Result<(bool, Value), ToolError> {
+    let (id, retired) = request_rollback(store, name).await?;
+    let command = if retired.is_some() { "reload" } else { "rollback" };
+    let (ok, mut out) = await_command(store, id, command, Some(name), wait).await?;
+    if let Some(r) = retired {
+        out["retired"] = json!({"name": r.name, "version": r.version, "sha256": r.sha256, "stored_id": r.id});
+    }
+    Ok((ok, out))
+}
+
+/// Starts a rollback of `name` (see `rollback`): the command id every gateway carries
+/// out, and the stored module it retired, if any.
+pub async fn request_rollback(store: &Store, name: &str) -> Result<(i64, Option<StoredModule>), StoreError> {
+    match store.retire_policy_module(name).await? {
+        Some(retired) => Ok((store.add_policy_command("reload", None).await?, Some(retired))),
+        None => Ok((store.add_policy_command("rollback", Some(name)).await?, None)),
     }
 }

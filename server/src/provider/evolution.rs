@@ -9,7 +9,6 @@
 //! clean failure.
 
 use super::{OutboundMessage, Provider, ProviderError, ProviderReceipt, SendingInstance};
-use crate::send::media::MediaSource;
 use async_trait::async_trait;
 use base64::Engine;
 use serde_json::{Value, json};
@@ -98,6 +97,10 @@ pub struct Evolution {
     key: String,
 }
 
+/// The largest answer read from the provider (a QR as base64 is about 10 KB): a
+/// longer one is a bad answer, never held whole.
+pub const MAX_ANSWER_BYTES: usize = 1024 * 1024;
+
 /// The events the gateway subscribes to.
 pub const EVENTS: [&str; 8] = [
     "QRCODE_UPDATED",
@@ -111,6 +114,13 @@ pub const EVENTS: [&str; 8] = [
 ];
 
 impl Evolution {
+    /// The client `config` names, when `evolution_url` and `evolution_api_key` are set.
+    pub fn from_config(config: &crate::config::Config) -> Option<Evolution> {
+        let url = config.evolution_url.as_deref().filter(|u| !u.is_empty())?;
+        let key = config.evolution_api_key.as_deref().filter(|k| !k.is_empty())?;
+        Some(Evolution::new(url, key, config.provider_timeout()))
+    }
+
     /// A client for `base_url` with the operator's global key; every call is bounded by
     /// `timeout`.
     pub fn new(base_url: &str, global_key: &str, timeout: Duration) -> Evolution {
@@ -124,19 +134,34 @@ impl Evolution {
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value, EvolutionError> {
+        self.call_traced(method, path, body, None).await
+    }
+
+    async fn call_traced(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        request_id: Option<&str>,
+    ) -> Result<Value, EvolutionError> {
         let mut request = self.http.request(method, format!("{}{path}", self.base)).header("apikey", &self.key);
+        if let Some(id) = request_id {
+            request = request.header("x-request-id", id);
+        }
         if let Some(body) = body {
             request = request.json(&body);
         }
         let response = request.send().await.map_err(transport_error)?;
         let status = response.status().as_u16();
-        let text = response.text().await.map_err(|e| {
-            if e.is_timeout() { EvolutionError::Timeout } else { EvolutionError::BadAnswer(e.to_string()) }
+        let bytes = crate::net::guarded::read_capped(response, MAX_ANSWER_BYTES).await.map_err(|e| match e {
+            crate::net::guarded::ReadError::Transport(e) if e.is_timeout() => EvolutionError::Timeout,
+            other => EvolutionError::BadAnswer(other.to_string()),
         })?;
+        let text = String::from_utf8_lossy(&bytes);
         let value: Value = if text.trim().is_empty() {
             Value::Null
         } else {
-            serde_json::from_str(&text).unwrap_or(Value::String(text))
+            serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.chars().take(2_000).collect()))
         };
         if (200..300).contains(&status) {
             return Ok(value);
@@ -217,10 +242,9 @@ impl Evolution {
                 json!({"number": number, "text": message.text.clone().unwrap_or_default(), "linkPreview": false}),
             ),
             Some(media) => {
-                let content = match &media.source {
-                    MediaSource::Inline(bytes) => base64::engine::general_purpose::STANDARD.encode(bytes),
-                    MediaSource::Url(url) => url.clone(),
-                };
+                // Always the content: a URL was fetched by the gateway through its guard,
+                // so the provider never resolves a name the gateway checked.
+                let content = base64::engine::general_purpose::STANDARD.encode(&media.bytes);
                 let mut body = json!({"number": number, "mediatype": media.media_type.as_str(),
                                       "mimetype": media.mime_type, "media": content, "fileName": media.file_name});
                 if let Some(caption) = &message.text {
@@ -229,7 +253,7 @@ impl Evolution {
                 (format!("/message/sendMedia/{name}"), body)
             }
         };
-        let answer = self.call(reqwest::Method::POST, &path, Some(body)).await?;
+        let answer = self.call_traced(reqwest::Method::POST, &path, Some(body), message.request_id.as_deref()).await?;
         let message_id = answer["key"]["id"]
             .as_str()
             .ok_or_else(|| EvolutionError::BadAnswer("the send answer has no key.id".into()))?

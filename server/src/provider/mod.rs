@@ -9,7 +9,7 @@ mod simulator;
 
 pub use simulator::Simulator;
 
-use crate::send::media::Media;
+use crate::media::Media;
 use async_trait::async_trait;
 
 /// What to deliver.
@@ -21,6 +21,9 @@ pub struct OutboundMessage {
     pub text: Option<String>,
     /// Media, for media sends.
     pub media: Option<Media>,
+    /// The gateway request that sends it (`x-request-id`), passed to the provider as
+    /// `X-Request-Id` so a message can be followed into the provider's logs.
+    pub request_id: Option<String>,
 }
 
 /// The instance a message goes out through.

@@ -18,10 +18,10 @@
 //! in the transaction that settles the row (see `idempotency` and `store::attempts`).
 
 pub mod idempotency;
-pub mod media;
 pub mod phone;
 
 use crate::config::Config;
+use crate::media::{self, Media};
 use crate::policy::{Decision, PolicyEngine, Stage, TraceEntry};
 use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance};
 use crate::store::{
@@ -30,7 +30,6 @@ use crate::store::{
 };
 use gateway_api::{MediaType, MessagePurpose, SendMessageRequest, events};
 use gateway_policy_model as model;
-use media::Media;
 use phone::Phone;
 use std::sync::Arc;
 
@@ -152,6 +151,8 @@ pub struct SendInput {
     pub body: SendMessageRequest,
     /// The idempotency claim this request holds, if it came with a key.
     pub idempotency: Option<Idempotency>,
+    /// The request's ids, kept in the log row and passed to the provider.
+    pub trace: crate::trace::Trace,
 }
 
 /// A request's idempotency claim and how its answer is rendered for replay (the HTTP
@@ -177,6 +178,8 @@ pub struct Sender {
     provider: Arc<dyn Provider>,
     policy: Arc<dyn PolicyEngine>,
     config: Arc<Config>,
+    /// Fetches media URLs through the SSRF guard.
+    fetcher: media::Fetcher,
     log: slog::Logger,
 }
 
@@ -218,11 +221,28 @@ impl Sender {
         config: Arc<Config>,
         log: slog::Logger,
     ) -> Self {
-        Sender { store, provider, policy, config, log }
+        let fetcher = media::Fetcher::new(
+            config.allow_loopback_targets,
+            std::time::Duration::from_millis(config.media.fetch_timeout_ms),
+            log.new(slog::o!("component" => "media")),
+        );
+        Sender { store, provider, policy, config, fetcher, log }
     }
 
     /// Runs every check, sends, and writes the attempt's log row (and event).
     pub async fn send(&self, input: &SendInput) -> Result<Sent, SendError> {
+        let result = self.attempt(input).await;
+        let (decision, error) = match &result {
+            Ok(_) => ("allowed", ""),
+            Err(e @ SendError::Provider(_)) => ("allowed", e.code()),
+            Err(e @ SendError::Store(_)) => ("error", e.code()),
+            Err(e) => ("refused", e.code()),
+        };
+        crate::metrics::send_outcome(decision, error);
+        result
+    }
+
+    async fn attempt(&self, input: &SendInput) -> Result<Sent, SendError> {
         let mut attempt = Attempt {
             input,
             instance: None,
@@ -360,6 +380,8 @@ impl Sender {
             message_type: a.checked.as_ref().map(|c| c.message_type().to_string()),
             created_at: now,
             policy_trace: (!a.trace.is_empty()).then(|| serde_json::to_string(&a.trace).unwrap_or_default()),
+            request_id: input.trace.request_id.clone(),
+            correlation_id: input.trace.correlation_id.clone(),
             ..LogEntry::default()
         }
     }
@@ -409,6 +431,7 @@ impl Sender {
         api_key_id: &str,
         code: &str,
         reason: &str,
+        trace: &crate::trace::Trace,
     ) -> Result<(), StoreError> {
         let entry = LogEntry {
             customer_id: customer_id.to_string(),
@@ -420,6 +443,8 @@ impl Sender {
             policy: Some("gateway/request".into()),
             reason: Some(truncate(reason, 500)),
             created_at: now_ms(),
+            request_id: trace.request_id.clone(),
+            correlation_id: trace.correlation_id.clone(),
             ..LogEntry::default()
         };
         self.store.record_attempt(&entry, None).await.map(|_| ())
@@ -480,6 +505,7 @@ impl Sender {
             to: checked.phone.e164.clone(),
             text: checked.text.clone(),
             media: checked.media.clone(),
+            request_id: a.input.trace.request_id.clone(),
         };
         let sending = SendingInstance {
             id: instance.id.clone(),
@@ -535,11 +561,22 @@ impl Sender {
                 }
             }
         }
-        match tokio::time::timeout(timeout, self.provider.send(&sending, &message)).await {
+        let started = std::time::Instant::now();
+        let result = match tokio::time::timeout(timeout, self.provider.send(&sending, &message)).await {
             Ok(Ok(receipt)) => Ok(receipt),
             Ok(Err(e)) => Err(SendError::Provider(e)),
             Err(_) => Err(SendError::Provider(ProviderError::Timeout(timeout.as_millis() as u64))),
-        }
+        };
+        let outcome = match &result {
+            Ok(_) => "sent",
+            Err(SendError::Provider(e)) if e.outcome_unknown() => "unknown",
+            Err(_) => "failed",
+        };
+        crate::metrics::get()
+            .provider_request
+            .with_label_values(&[sending.provider.as_str(), outcome])
+            .observe(started.elapsed().as_secs_f64());
+        result
     }
 
     /// The error of a policy refusal (a deny at the content stage, a module fault
@@ -557,7 +594,7 @@ impl Sender {
                     reason: reason.clone(),
                     risk_score,
                     pause_threshold: threshold,
-                    window_ms: self.config.policies.review_window_hours.max(1) * HOUR_MS,
+                    window_ms: crate::bounds::hours_ms(self.config.policies.review_window_hours.max(1)),
                     pause_reason: format!(
                         "{threshold} messages sent to review within {} hours",
                         self.config.policies.review_window_hours
@@ -592,16 +629,9 @@ impl Sender {
             }
             let content =
                 non_empty(&body.media).ok_or_else(|| validation("media", "media is required when sending media"))?;
-            let media = media::validate(
-                media_type,
-                mime_type,
-                file_name,
-                content,
-                &self.config.media,
-                self.config.allow_loopback_targets,
-            )
-            .await
-            .map_err(|e| SendError::Validation { field: e.field, reason: e.reason })?;
+            let media = media::validate(media_type, mime_type, file_name, content, &self.config.media, &self.fetcher)
+                .await
+                .map_err(|e| SendError::Validation { field: e.field, reason: e.reason })?;
             let caption = non_empty(&body.caption).or(non_empty(&body.message)).map(str::to_string);
             (caption, Some(media))
         } else {
@@ -753,13 +783,13 @@ fn policy_context(
             },
             mime_type: m.mime_type.clone(),
             file_name: m.file_name.clone(),
-            size_bytes: m.size().unwrap_or(0) as u64,
+            size_bytes: m.size() as u64,
         }),
         recipient: model::Recipient { phone: checked.phone.e164.clone(), country_code: checked.phone.country_code },
         instance: model::Instance {
             id: instance.id.clone(),
             name: instance.name.clone(),
-            age_days: ((now - instance.created_at).max(0) / DAY_MS) as u32,
+            age_days: (now.saturating_sub(instance.created_at).max(0) / DAY_MS).min(u32::MAX as i64) as u32,
             connection_state: instance.connection_state.clone(),
         },
         customer: model::Customer {

@@ -76,8 +76,8 @@ pub struct Finish {
 const UNDO_PENDING_SQL: &str = "DELETE FROM message_log WHERE id = $1";
 const INSERT_PENDING_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
      recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, \
-     policy_trace, deadline_at, idem_key) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING id";
+     policy_trace, request_id, correlation_id, deadline_at, idem_key) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) RETURNING id";
 const FINISH_SQL: &str = "UPDATE message_log SET status = $2, error_code = $3, policy = $4, reason = $5, \
      provider_message_id = $6, decision = COALESCE($7, decision), deadline_at = NULL \
      WHERE id = $1 AND status = 'pending'";

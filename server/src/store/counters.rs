@@ -6,7 +6,7 @@
 //! value, so two replicas cannot both take the last unit; on SQLite the single writer
 //! serialises. The counters of one send are taken all or none.
 
-use super::{Store, StoreError, bind_dollar, now_ms};
+use super::{Store, StoreError, bind_dollar};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
@@ -37,13 +37,6 @@ impl Store {
     pub async fn counter(&self, scope: &str, window_start: i64) -> Result<i64, StoreError> {
         let row = sqlx::query(COUNT_SQL).bind(scope).bind(window_start).fetch_optional(&self.read).await?;
         Ok(row.map(|r| r.try_get("count")).transpose()?.unwrap_or(0))
-    }
-
-    /// Deletes counters whose window is long over; returns how many.
-    pub async fn prune_counters(&self) -> Result<u64, StoreError> {
-        let done =
-            sqlx::query("DELETE FROM usage_counters WHERE expires_at < $1").bind(now_ms()).execute(&self.write).await?;
-        Ok(done.rows_affected())
     }
 }
 

@@ -150,6 +150,19 @@ static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// What changes with every send, for a customer and instance the cache holds: the
+/// parameters are those of `SEND_CONTEXT_SQL`, with `$2` the instance's id.
+const SEND_COUNTS_SQL: &str = "SELECT \
+     (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = $1 AND s.phone = $3) AS suppressed, \
+     (SELECT CAST(SUM(u.count) AS BIGINT) FROM usage_counters u WHERE u.scope = $7 || $2 || ':' || $3 \
+        AND u.window_start >= $5) AS to_recipient_24h, \
+     (SELECT u.count FROM usage_counters u WHERE u.scope = $7 || $2 || ':' || $3 \
+        AND u.window_start = $9) AS to_recipient_hour, \
+     (SELECT k.sent_total FROM contacts k WHERE k.instance_id = $2 AND k.phone = $3) AS to_recipient_total, \
+     (SELECT k.replies_total FROM contacts k WHERE k.instance_id = $2 AND k.phone = $3) AS replies, \
+     (SELECT u.count FROM usage_counters u WHERE u.scope = $8 || $2 AND u.window_start = $4) AS new_today, \
+     (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || $2 AND u.window_start = $4) AS sent_today";
+
 /// Scope prefixes of the counters the pacing policy reads. They are taken with the
 /// quota in the same reservation (never limits themselves) and given back with it if
 /// the provider refuses, so they count what went out.
@@ -168,15 +181,19 @@ impl PacingScopes {
     pub const FIRST_CONTACT: &str = "ifirst:";
 }
 
-impl FromCols for SendContext {
-    fn from_cols(row: &impl Cols) -> Result<SendContext, StoreError> {
-        let instance_id: Option<String> = row.col("i_id")?;
+/// The part of a `SendContext` that changes with every send.
+struct SendCounts {
+    suppressed: bool,
+    counters: Counters,
+    to_recipient_hour: u32,
+}
+
+impl FromCols for SendCounts {
+    fn from_cols(row: &impl Cols) -> Result<SendCounts, StoreError> {
         let count = |name: &str| -> Result<u32, StoreError> {
             Ok(row.col::<Option<i64>>(name)?.unwrap_or(0).clamp(0, u32::MAX as i64) as u32)
         };
-        Ok(SendContext {
-            customer: Customer::from_row(row)?,
-            instance: instance_id.map(|_| Instance::from_prefixed_row(row, "i_")).transpose()?,
+        Ok(SendCounts {
             suppressed: row.col::<i64>("suppressed")? > 0,
             counters: Counters {
                 to_recipient_24h: count("to_recipient_24h")?,
@@ -186,6 +203,20 @@ impl FromCols for SendContext {
                 sent_today: count("sent_today")?,
             },
             to_recipient_hour: count("to_recipient_hour")?,
+        })
+    }
+}
+
+impl FromCols for SendContext {
+    fn from_cols(row: &impl Cols) -> Result<SendContext, StoreError> {
+        let instance_id: Option<String> = row.col("i_id")?;
+        let counts = SendCounts::from_cols(row)?;
+        Ok(SendContext {
+            customer: Customer::from_row(row)?,
+            instance: instance_id.map(|_| Instance::from_prefixed_row(row, "i_")).transpose()?,
+            suppressed: counts.suppressed,
+            counters: counts.counters,
+            to_recipient_hour: counts.to_recipient_hour,
         })
     }
 }
@@ -275,6 +306,7 @@ impl Store {
         .bind(pbx.map(i64::from))
         .execute(&self.write)
         .await?;
+        self.forget_cached();
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("customer {id}")));
         }
@@ -296,6 +328,7 @@ impl Store {
         .bind(end)
         .execute(&self.write)
         .await?;
+        self.forget_cached();
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("customer {id}")));
         }
@@ -317,6 +350,7 @@ impl Store {
         .bind(limits.recipient_per_minute)
         .execute(&self.write)
         .await?;
+        self.forget_cached();
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("customer {id}")));
         }
@@ -372,6 +406,7 @@ impl Store {
         .bind(now_ms())
         .execute(&mut *tx)
         .await?;
+        self.forget_cached();
         tx.commit().await?;
         self.instance(&id).await
     }
@@ -380,6 +415,7 @@ impl Store {
     /// failed).
     pub async fn delete_instance(&self, id: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM instances WHERE id = $1").bind(id).execute(&self.write).await?;
+        self.forget_cached();
         Ok(())
     }
 
@@ -407,7 +443,9 @@ impl Store {
     }
 
     /// The customer, its instance with this id (or else this name), and whether
-    /// `phone` is suppressed, in one read.
+    /// `phone` is suppressed, in one read. The customer and instance come from the
+    /// cache when it holds them (see `cache`); what changes with every send is always
+    /// read.
     pub async fn send_context(
         &self,
         customer_id: &str,
@@ -417,9 +455,11 @@ impl Store {
     ) -> Result<SendContext, StoreError> {
         const DAY_MS: i64 = 24 * 3_600_000;
         const HOUR_MS: i64 = 3_600_000;
+        let cached = self.cache.context(customer_id, instance_ref);
+        let generation = self.cache.generation();
         let params = vec![
             SqlValue::Text(customer_id.to_string()),
-            SqlValue::Text(instance_ref.to_string()),
+            SqlValue::Text(cached.as_ref().map_or(instance_ref, |(_, i)| i.id.as_str()).to_string()),
             SqlValue::Text(phone.to_string()),
             SqlValue::Integer(now - now.rem_euclid(DAY_MS)),
             SqlValue::Integer(now - now.rem_euclid(HOUR_MS) - 23 * HOUR_MS),
@@ -428,9 +468,27 @@ impl Store {
             SqlValue::Text(PacingScopes::NEW_RECIPIENT_DAY.to_string()),
             SqlValue::Integer(now - now.rem_euclid(HOUR_MS)),
         ];
-        self.read_one(&SEND_CONTEXT_SQL, params)
+        if let Some((customer, instance)) = cached {
+            let counts: SendCounts = self
+                .read_one(SEND_COUNTS_SQL, params)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("customer {customer_id}")))?;
+            return Ok(SendContext {
+                customer,
+                instance: Some(instance),
+                suppressed: counts.suppressed,
+                counters: counts.counters,
+                to_recipient_hour: counts.to_recipient_hour,
+            });
+        }
+        let context: SendContext = self
+            .read_one(&SEND_CONTEXT_SQL, params)
             .await?
-            .ok_or_else(|| StoreError::NotFound(format!("customer {customer_id}")))
+            .ok_or_else(|| StoreError::NotFound(format!("customer {customer_id}")))?;
+        if let Some(instance) = &context.instance {
+            self.cache.put_context(instance_ref, &context.customer, instance, generation);
+        }
+        Ok(context)
     }
 
     /// Pauses an instance for review, or resumes it.
@@ -441,6 +499,7 @@ impl Store {
             .bind(if paused { reason } else { None })
             .execute(&self.write)
             .await?;
+        self.forget_cached();
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("instance {id}")));
         }
@@ -450,12 +509,13 @@ impl Store {
     /// Declares how long the instance's number has been in use (its age is what the
     /// pacing policy's warm-up reads): a number moved from elsewhere is not new.
     pub async fn set_instance_age(&self, id: &str, days: i64) -> Result<Instance, StoreError> {
-        let created_at = now_ms() - days.max(0) * 24 * 3_600_000;
+        let created_at = now_ms().saturating_sub(crate::bounds::days_ms(days.max(0)));
         let done = sqlx::query("UPDATE instances SET created_at = $2 WHERE id = $1")
             .bind(id)
             .bind(created_at)
             .execute(&self.write)
             .await?;
+        self.forget_cached();
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("instance {id}")));
         }
@@ -469,6 +529,7 @@ impl Store {
             .bind(state)
             .execute(&self.write)
             .await?;
+        self.forget_cached();
         Ok(())
     }
 

@@ -88,7 +88,10 @@ const KEEPS_AN_OWNER: &str = "(role <> 'owner' OR disabled_at IS NOT NULL OR EXI
      AND o.id <> dashboard_users.id))";
 
 impl Store {
-    /// Creates an account (no password yet). Conflict when the email is taken.
+    /// Creates an account (no password yet). Conflict when the email already has an
+    /// account in this customer (operators: among operators). An email may have an
+    /// account in other customers: that is never told here (no existence oracle), and
+    /// only one of an email's accounts can get a password ([`set_password_hash`]).
     pub async fn create_dashboard_user(
         &self,
         customer_id: Option<&str>,
@@ -99,8 +102,14 @@ impl Store {
         if let Some(customer_id) = customer_id {
             self.customer(customer_id).await?;
         }
-        if self.dashboard_user_by_email(email).await?.is_some() {
-            return Err(StoreError::Conflict(format!("an account with the email {email} exists")));
+        let taken = || StoreError::Conflict(format!("{email} already has an account here"));
+        let same = sqlx::query("SELECT 1 FROM dashboard_users WHERE email = $1 AND COALESCE(customer_id, '') = $2")
+            .bind(email)
+            .bind(customer_id.unwrap_or(""))
+            .fetch_optional(&self.write)
+            .await?;
+        if same.is_some() {
+            return Err(taken());
         }
         let id = new_id("usr");
         sqlx::query(
@@ -116,12 +125,22 @@ impl Store {
         .execute(&self.write)
         .await
         .map_err(|e| match e {
-            sqlx::Error::Database(d) if d.is_unique_violation() => {
-                StoreError::Conflict(format!("an account with the email {email} exists"))
-            }
+            sqlx::Error::Database(d) if d.is_unique_violation() => taken(),
             other => other.into(),
         })?;
         self.dashboard_user(&id).await?.ok_or_else(|| StoreError::NotFound(format!("user {id}")))
+    }
+
+    /// Whether another account of `email` than `user_id` can sign in (has a password):
+    /// then this one can never get one.
+    pub async fn email_signs_in_elsewhere(&self, email: &str, user_id: &str) -> Result<bool, StoreError> {
+        let row =
+            sqlx::query("SELECT 1 FROM dashboard_users WHERE email = $1 AND id <> $2 AND password_hash IS NOT NULL")
+                .bind(email)
+                .bind(user_id)
+                .fetch_optional(&self.write)
+                .await?;
+        Ok(row.is_some())
     }
 
     /// One account by id.
@@ -135,10 +154,14 @@ impl Store {
 
     /// One account by (lower-case) email.
     pub async fn dashboard_user_by_email(&self, email: &str) -> Result<Option<DashUser>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {USER_COLUMNS} FROM dashboard_users WHERE email = $1"))
-            .bind(email)
-            .fetch_optional(&self.write)
-            .await?;
+        // The account that signs in (the one with a password), else the newest.
+        let row = sqlx::query(&format!(
+            "SELECT {USER_COLUMNS} FROM dashboard_users WHERE email = $1 \
+             ORDER BY CASE WHEN password_hash IS NULL THEN 1 ELSE 0 END, created_at DESC LIMIT 1"
+        ))
+        .bind(email)
+        .fetch_optional(&self.write)
+        .await?;
         row.as_ref().map(DashUser::from_cols).transpose()
     }
 
@@ -247,7 +270,13 @@ impl Store {
             .bind(id)
             .bind(hash)
             .execute(&self.write)
-            .await?;
+            .await
+            .map_err(|e| match e {
+                sqlx::Error::Database(d) if d.is_unique_violation() => {
+                    StoreError::Conflict("another account of this email can sign in".into())
+                }
+                other => other.into(),
+            })?;
         Ok(())
     }
 

@@ -6,9 +6,8 @@
 //! first one does; short lists (keys, users, suppressions, instances, customers) page by
 //! offset and also report their total.
 
-use super::{ApiKeyRecord, bind_all};
-use super::{Cols, Customer, FromCols, Instance, LogEntry, PbxEvent, Store, StoreError, WebhookAttempt};
-use rusqlite::types::Value as SqlValue;
+use super::ApiKeyRecord;
+use super::{Customer, FromCols, Instance, PbxEvent, Store, StoreError, WebhookAttempt};
 use sqlx::Row;
 
 /// A suppressed recipient with why and how it got there.
@@ -33,30 +32,12 @@ pub struct InboundRow {
     pub received_at: i64,
 }
 
-/// Filters of the message log (all optional, combined with AND).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LogFilter {
-    pub instance_id: Option<String>,
-    /// `allowed` or `refused`.
-    pub decision: Option<String>,
-    pub status: Option<String>,
-    pub source: Option<String>,
-    pub recipient: Option<String>,
-    pub error_code: Option<String>,
-    /// Rows created at or after this time (Unix ms).
-    pub since: Option<i64>,
-}
-
 /// Counters of one customer against its limits.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     pub today: i64,
     pub period: i64,
     pub instances: i64,
-}
-
-fn text(s: &str) -> SqlValue {
-    SqlValue::Text(s.to_string())
 }
 
 impl Store {
@@ -150,58 +131,6 @@ impl Store {
         }
         tx.commit().await?;
         Ok(added)
-    }
-
-    /// A customer's message log, newest first, `before` a log id, with filters.
-    pub async fn message_log_page(
-        &self,
-        customer_id: &str,
-        filter: &LogFilter,
-        before: Option<i64>,
-        limit: i64,
-    ) -> Result<Vec<(i64, LogEntry)>, StoreError> {
-        let mut sql = format!("SELECT id, {} FROM message_log WHERE customer_id = $1", super::messages::LOG_COLUMNS);
-        let mut values = vec![text(customer_id)];
-        let mut add = |clause: &str, value: SqlValue| {
-            values.push(value);
-            sql.push_str(&format!(" AND {clause} ${}", values.len()));
-        };
-        if let Some(v) = &filter.instance_id {
-            add("instance_id =", text(v));
-        }
-        if let Some(v) = &filter.decision {
-            add("decision =", text(v));
-        }
-        if let Some(v) = &filter.status {
-            add("status =", text(v));
-        }
-        if let Some(v) = &filter.source {
-            add("source =", text(v));
-        }
-        if let Some(v) = &filter.recipient {
-            add("recipient =", text(v));
-        }
-        if let Some(v) = &filter.error_code {
-            add("error_code =", text(v));
-        }
-        if let Some(v) = filter.since {
-            add("created_at >=", SqlValue::Integer(v));
-        }
-        if let Some(v) = before {
-            add("id <", SqlValue::Integer(v));
-        }
-        values.push(SqlValue::Integer(limit));
-        sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", values.len()));
-        let rows = bind_all(sqlx::query(&sql), values).fetch_all(&self.read).await?;
-        rows.iter().map(|r| Ok((r.col("id")?, LogEntry::from_cols(r)?))).collect()
-    }
-
-    /// One log row of a customer.
-    pub async fn customer_log_entry(&self, customer_id: &str, id: i64) -> Result<Option<LogEntry>, StoreError> {
-        let sql =
-            format!("SELECT {} FROM message_log WHERE id = $1 AND customer_id = $2", super::messages::LOG_COLUMNS);
-        let row = sqlx::query(&sql).bind(id).bind(customer_id).fetch_optional(&self.read).await?;
-        row.as_ref().map(LogEntry::from_cols).transpose()
     }
 
     /// A customer's received messages, newest first, `before` an id, optionally of one

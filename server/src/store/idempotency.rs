@@ -135,13 +135,6 @@ impl Store {
         }];
         self.write(Exec(statements)).await.map(|_| ())
     }
-
-    /// Deletes idempotency keys past their 24 hours; returns how many.
-    pub async fn prune_idempotency(&self, now: i64) -> Result<u64, StoreError> {
-        let done =
-            sqlx::query("DELETE FROM idempotency_keys WHERE expires_at < $1").bind(now).execute(&self.write).await?;
-        Ok(done.rows_affected())
-    }
 }
 
 /// A key's row as read (`KEY_SQL`, or beside the API key: `Store::api_key_and_idempotency`),

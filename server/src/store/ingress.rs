@@ -42,6 +42,7 @@ impl Store {
             .bind(instance_id)
             .execute(&self.write)
             .await?;
+        self.forget_cached();
         Ok(())
     }
 
@@ -92,6 +93,9 @@ impl Store {
             apply(&mut tx, instance, fact, received_at, &mut state, &mut applied).await?;
         }
         tx.commit().await?;
+        if state != instance.connection_state {
+            self.forget_cached();
+        }
         Ok(applied)
     }
 
@@ -132,6 +136,7 @@ impl Store {
             .bind(instance_id)
             .execute(&self.write)
             .await?;
+        self.forget_cached();
         Ok(())
     }
 
@@ -246,7 +251,9 @@ async fn apply(
         Fact::Inbound { external_id, sender, group_id, message_type, text, timestamp } => {
             let phone = resolve(tx, instance, sender).await?;
             let from = phone.clone().unwrap_or_else(|| sender.jid.clone());
-            let at = timestamp.map(|s| s * 1000).unwrap_or(received_at);
+            // The provider's clock, never later than when the event arrived (a time in
+            // the future would hold a conversation window open for ever).
+            let at = timestamp.and_then(|s| s.checked_mul(1000)).map_or(received_at, |at| at.min(received_at));
             let inserted = sqlx::query(
                 "INSERT INTO inbound_messages (customer_id, instance_id, sender, group_id, message_type, text, \
                  external_message_id, message_at, received_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
@@ -384,16 +391,25 @@ async fn apply(
                 applied.skipped += 1;
                 return Ok(());
             }
+            // Each step keeps the time it was first reported (read implies delivered).
+            let step = |reached: bool| reached.then_some(received_at);
             sqlx::query(
-                "INSERT INTO message_status (instance_id, external_message_id, status, status_rank, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (instance_id, external_message_id) DO UPDATE SET \
-                 status = excluded.status, status_rank = excluded.status_rank, updated_at = excluded.updated_at",
+                "INSERT INTO message_status (instance_id, external_message_id, status, status_rank, updated_at, \
+                 delivered_at, read_at, failed_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (instance_id, external_message_id) DO UPDATE SET \
+                 status = excluded.status, status_rank = excluded.status_rank, updated_at = excluded.updated_at, \
+                 delivered_at = COALESCE(message_status.delivered_at, excluded.delivered_at), \
+                 read_at = COALESCE(message_status.read_at, excluded.read_at), \
+                 failed_at = COALESCE(message_status.failed_at, excluded.failed_at)",
             )
             .bind(&instance.id)
             .bind(external_id)
             .bind(status)
             .bind(rank)
             .bind(received_at)
+            .bind(step((2..=4).contains(&rank)))
+            .bind(step((3..=4).contains(&rank)))
+            .bind(step(status == "ERROR"))
             .execute(&mut **tx)
             .await?;
             // A send whose outcome was unknown is settled by the provider's own event.

@@ -66,6 +66,7 @@ impl Store {
         .bind(now_ms())
         .execute(&self.write)
         .await?;
+        self.forget_cached();
         let row = sqlx::query(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
             .bind(&id)
             .fetch_one(&self.write)
@@ -92,6 +93,18 @@ impl Store {
         Ok(self.read_one::<KeyAndIdempotency>(SQL, params).await?.map(|k| (k.record, k.snapshot)))
     }
 
+    /// `api_key_by_hash` for a request: from the cache when it holds the hash (known
+    /// or unknown; see `cache` for how long a change may take to be seen).
+    pub async fn api_key_for_request(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        if let Some(found) = self.cache.key(key_hash) {
+            return Ok(found);
+        }
+        let generation = self.cache.generation();
+        let found = self.api_key_by_hash(key_hash).await?;
+        self.cache.put_key(key_hash, found.clone(), generation);
+        Ok(found)
+    }
+
     pub async fn api_key_by_hash(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
         const SQL: &str = "SELECT id, customer_id, name, prefix, created_at, revoked_at, last_used_at \
                            FROM api_keys WHERE key_hash = $1";
@@ -105,6 +118,7 @@ impl Store {
             .bind(now_ms())
             .execute(&self.write)
             .await?;
+        self.forget_cached();
         let row = sqlx::query(&format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.write)

@@ -29,6 +29,10 @@ pub struct LogEntry {
     pub created_at: i64,
     /// Every policy module's verdict, fuel and time (JSON array), when policies ran.
     pub policy_trace: Option<String>,
+    /// The request that made the row (`x-request-id`) and the caller's
+    /// `X-Correlation-Id`.
+    pub request_id: Option<String>,
+    pub correlation_id: Option<String>,
 }
 
 /// A send a policy sent to review: queued for an operator with the attempt's log row,
@@ -68,7 +72,8 @@ pub struct OutboxEvent {
 }
 
 pub(super) const LOG_COLUMNS: &str = "customer_id, instance_id, api_key_id, source, purpose, recipient, \
-     message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, policy_trace";
+     message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, policy_trace, \
+     request_id, correlation_id";
 
 impl FromCols for LogEntry {
     fn from_cols(r: &impl Cols) -> Result<LogEntry, StoreError> {
@@ -88,6 +93,8 @@ impl FromCols for LogEntry {
             status: r.col("status")?,
             created_at: r.col("created_at")?,
             policy_trace: r.col("policy_trace")?,
+            request_id: r.col("request_id")?,
+            correlation_id: r.col("correlation_id")?,
         })
     }
 }
@@ -120,7 +127,12 @@ impl Store {
         review: Option<&ReviewItem>,
         answer: Option<(IdemOwner, KeyFate)>,
     ) -> Result<Recorded, StoreError> {
-        self.write(Record { entry: entry.clone(), event: event.cloned(), review: review.cloned(), answer }).await
+        let recorded =
+            self.write(Record { entry: entry.clone(), event: event.cloned(), review: review.cloned(), answer }).await?;
+        if recorded.paused {
+            self.forget_cached();
+        }
+        Ok(recorded)
     }
 
     /// The log row with this id.
@@ -217,7 +229,8 @@ impl Write for Record {
 
 const INSERT_LOG_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
      recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, \
-     policy_trace) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING id";
+     policy_trace, request_id, correlation_id) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING id";
 /// A message that went (or may have gone) out counts toward its recipient's contact.
 const CONTACT_SENT_SQL: &str = "INSERT INTO contacts (instance_id, phone, first_sent_at, last_sent_at, sent_total) \
      VALUES ($1, $2, $3, $3, 1) ON CONFLICT (instance_id, phone) DO UPDATE SET \
@@ -249,6 +262,8 @@ pub(super) fn log_values(e: &LogEntry) -> Vec<SqlValue> {
         SqlValue::Text(e.status.clone()),
         SqlValue::Integer(e.created_at),
         text(&e.policy_trace),
+        text(&e.request_id),
+        text(&e.correlation_id),
     ]
 }
 
@@ -291,7 +306,7 @@ fn sqlite_record(
         insert.raw_execute()?;
         let recent: i64 = tx
             .prepare_cached(COUNT_REVIEWS_SQL)?
-            .query_row(rusqlite::params![instance, entry.created_at - review.window_ms], |r| r.get(0))?;
+            .query_row(rusqlite::params![instance, entry.created_at.saturating_sub(review.window_ms)], |r| r.get(0))?;
         if recent >= review.pause_threshold {
             let mut pause = tx.prepare_cached(PAUSE_SQL)?;
             bind_dollar(&mut pause, &[SqlValue::Text(instance.clone()), SqlValue::Text(review.pause_reason.clone())])?;
@@ -346,7 +361,7 @@ pub(super) fn log_json(e: &LogEntry) -> serde_json::Value {
         "message_type": e.message_type, "decision": e.decision, "error_code": e.error_code,
         "policy": e.policy, "reason": e.reason, "provider_message_id": e.provider_message_id,
         "status": e.status, "created_at": e.created_at, "policy_trace": e.policy_trace,
-        "went_out": went_out(e),
+        "request_id": e.request_id, "correlation_id": e.correlation_id, "went_out": went_out(e),
     })
 }
 

@@ -14,28 +14,41 @@
 //! PostgreSQL, can never push a counter past its limit.
 
 mod attempts;
+mod cache;
 mod counters;
 mod customers;
 mod dashboard;
 mod dashboard_lists;
+pub mod delivery;
+mod fleet;
 mod idempotency;
 mod ingress;
+pub mod insight;
+mod invalidation;
 mod keys;
+mod log_pages;
 mod messages;
+mod modules;
 mod pbx;
 mod policies;
+mod privacy;
+pub mod retention;
 mod webhooks;
 mod writer;
 
 pub use attempts::{Began, Begin, Finish, ORPHAN_REASON};
+pub use cache::TTL as CACHE_TTL;
 pub use counters::{LimitHit, Reservation};
 pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, SendContext};
 pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};
-pub use dashboard_lists::{InboundRow, LogFilter, Suppression, Usage};
+pub use dashboard_lists::{InboundRow, Suppression, Usage};
+pub use delivery::{Delivery, DeliveryState};
 pub use idempotency::{Answer, CLAIM_LEASE_MS, Claim, IdemOwner, KEY_TTL_MS, KeyFate, KeySnapshot};
 pub use ingress::Applied;
 pub use keys::ApiKeyRecord;
+pub use log_pages::{LogFilter, LogRow, MessageEvent};
 pub use messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};
+pub use modules::{NewModule, StoredModule};
 pub use pbx::{Admission, PbxAdmit, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate, RateCheck};
 pub use policies::{PolicyGateway, ReviewEntry};
 pub use webhooks::{ClaimedEvent, EndpointChange, EventState, WebhookAttempt, WebhookEndpoint};
@@ -112,6 +125,10 @@ pub struct Store {
     writer: tokio::sync::mpsc::Sender<writer::Queued>,
     /// SQLite only: plain connections for the send path's reads (see `read_one`).
     sqlite_readers: Option<Arc<SqliteReaders>>,
+    /// API keys, customers and instances the send path read (see `cache`).
+    cache: Arc<cache::Cache>,
+    /// The database URL (the PostgreSQL cache listener opens its own connection).
+    url: Arc<str>,
 }
 
 /// Idle read-only SQLite connections. A send path read is an indexed point lookup of a
@@ -322,15 +339,23 @@ impl Store {
                 let writer = writer::spawn_sqlite(path.clone(), options, log)?;
                 let idle = Mutex::new(Vec::new());
                 let sqlite_readers = Some(Arc::new(SqliteReaders { path, idle }));
-                Ok(Store { read, write, backend, writer, sqlite_readers })
+                let (cache, url) = (Arc::default(), url.into());
+                Ok(Store { read, write, backend, writer, sqlite_readers, cache, url })
             }
             Backend::Postgres => {
                 let pool =
                     AnyPoolOptions::new().max_connections(max).acquire_timeout(options.timeout).connect(url).await?;
                 let writer = writer::spawn_sqlx(pool.clone(), options.timeout, log);
-                Ok(Store { read: pool.clone(), write: pool, backend, writer, sqlite_readers: None })
+                let (cache, url) = (Arc::default(), url.into());
+                Ok(Store { read: pool.clone(), write: pool, backend, writer, sqlite_readers: None, cache, url })
             }
         }
+    }
+
+    /// After this process changed an API key, customer or instance: its own cache
+    /// forgets at once (others hear of it through `invalidation`).
+    pub(crate) fn forget_cached(&self) {
+        self.cache.evict("*", "");
     }
 
     /// Applies the migrations of this backend (idempotent).
@@ -346,20 +371,44 @@ impl Store {
                     Some(path) => Some(migration_lock(path).await?),
                     None => None,
                 };
-                sqlx::migrate!("./migrations/sqlite").run(&self.write).await?
+                // Foreign keys off while migrating (outside the migrations' own
+                // transactions, where the pragma would do nothing): SQLite changes a
+                // parent table's schema only by rebuilding it. Checked afterwards.
+                let mut conn = self.write.acquire().await?;
+                sqlx::query("PRAGMA foreign_keys = OFF").execute(&mut *conn).await?;
+                let migrated = self.migrator().run(&mut *conn).await;
+                sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
+                migrated?;
+                let broken = sqlx::query("PRAGMA foreign_key_check").fetch_all(&mut *conn).await?;
+                if !broken.is_empty() {
+                    return Err(StoreError::Conflict(format!(
+                        "the migrations left {} rows whose foreign keys point nowhere",
+                        broken.len()
+                    )));
+                }
             }
-            Backend::Postgres => sqlx::migrate!("./migrations/postgres").run(&self.write).await?,
+            Backend::Postgres => self.migrator().run(&self.write).await?,
         }
         Ok(())
+    }
+
+    /// This build's migrations. Migrations another build applied that this one does
+    /// not know are left alone: during a rolling upgrade the new build migrates first
+    /// (every migration only adds), and a replica of the previous build that restarts
+    /// meanwhile still starts and serves on the newer schema.
+    fn migrator(&self) -> sqlx::migrate::Migrator {
+        let mut migrator = match self.backend {
+            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
+            Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
+        };
+        migrator.set_ignore_missing(true);
+        migrator
     }
 
     /// Whether the store answers, and whether every migration this build knows is
     /// applied (none pending, none failed): `Ok(Err(why))` when it answers but is behind.
     pub async fn migrations_current(&self) -> Result<Result<(), String>, StoreError> {
-        let migrator = match self.backend {
-            Backend::Sqlite => sqlx::migrate!("./migrations/sqlite"),
-            Backend::Postgres => sqlx::migrate!("./migrations/postgres"),
-        };
+        let migrator = self.migrator();
         let rows = sqlx::query("SELECT version FROM _sqlx_migrations WHERE success").fetch_all(&self.read).await?;
         let applied: std::collections::HashSet<i64> =
             rows.iter().map(|r| r.try_get::<i64, _>("version")).collect::<Result<_, _>>()?;

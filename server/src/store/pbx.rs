@@ -495,23 +495,6 @@ impl Store {
             .await?;
         Ok(at.map(|a| a.0))
     }
-
-    /// Deletes signatures older than `replay_window_ms` (a replay of one would fail
-    /// the timestamp check anyway), expired cooldowns and limiter rows, and events
-    /// older than `event_retention_ms`; returns how many rows.
-    pub async fn prune_pbx(&self, replay_window_ms: i64, event_retention_ms: i64) -> Result<u64, StoreError> {
-        let now = now_ms();
-        let mut rows = 0;
-        for (sql, at) in [
-            ("DELETE FROM pbx_seen_signatures WHERE ts < $1", (now - replay_window_ms).div_euclid(1000)),
-            ("DELETE FROM pbx_cooldowns WHERE until_at < $1", now),
-            ("DELETE FROM rate_limits WHERE expires_at < $1", now),
-            ("DELETE FROM pbx_events WHERE created_at < $1", now - event_retention_ms),
-        ] {
-            rows += sqlx::query(sql).bind(at).execute(&self.write).await?.rows_affected();
-        }
-        Ok(rows)
-    }
 }
 
 impl Write for PbxAdmit {

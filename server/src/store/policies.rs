@@ -141,17 +141,6 @@ impl Store {
         rows.iter().map(|r| Ok((r.try_get("id")?, r.try_get("command")?, r.try_get("name")?))).collect()
     }
 
-    /// Deletes commands and gateway rows older than `before`.
-    pub async fn prune_policy_records(&self, before: i64) -> Result<u64, StoreError> {
-        let a =
-            sqlx::query("DELETE FROM policy_commands WHERE created_at < $1").bind(before).execute(&self.write).await?;
-        let b = sqlx::query("DELETE FROM policy_gateways WHERE heartbeat_at < $1")
-            .bind(before)
-            .execute(&self.write)
-            .await?;
-        Ok(a.rows_affected() + b.rows_affected())
-    }
-
     /// Review items with this status (all when `None`), newest first.
     pub async fn review_queue(
         &self,
@@ -221,6 +210,7 @@ impl Store {
             .bind(joined)
             .execute(&self.write)
             .await?;
+        self.forget_cached();
         if done.rows_affected() == 0 {
             return Err(StoreError::NotFound(format!("customer {customer_id}")));
         }

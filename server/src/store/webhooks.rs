@@ -423,20 +423,6 @@ impl Store {
         .await?;
         Ok(done.rows_affected())
     }
-
-    /// Deletes attempts, and finished events, older than `retention_ms`; how many rows.
-    pub async fn prune_webhooks(&self, retention_ms: i64) -> Result<u64, StoreError> {
-        let before = now_ms() - retention_ms;
-        let attempts = sqlx::query("DELETE FROM webhook_attempts WHERE attempted_at < $1")
-            .bind(before)
-            .execute(&self.write)
-            .await?;
-        let events = sqlx::query("DELETE FROM outbox WHERE delivered_at IS NOT NULL AND delivered_at < $1")
-            .bind(before)
-            .execute(&self.write)
-            .await?;
-        Ok(attempts.rows_affected() + events.rows_affected())
-    }
 }
 
 /// The writes of `finish_attempt` as `gateway_webhook_finish` reads them.

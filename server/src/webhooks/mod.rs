@@ -13,20 +13,19 @@
 //! disables the endpoint; 429 and 503 honour `Retry-After` within [d, 2d]; an endpoint
 //! with only failures for 5 days is disabled (its owner sees why; an operator log line
 //! says so). Every connect goes through the SSRF guard (`net::ssrf`): the host is
-//! resolved by [`GuardedResolver`], which refuses private, loopback, link-local, CGNAT,
+//! resolved by `net::guarded::GuardedResolver`, which refuses private, loopback, link-local, CGNAT,
 //! multicast, documentation and metadata addresses, and the client connects to the
 //! addresses it checked (no second lookup).
 
 pub mod schedule;
 
 use crate::config::WebhookSettings;
-use crate::net::ssrf;
+use crate::net::{guarded, ssrf};
 use crate::store::{ClaimedEvent, EndpointChange, EventState, Store, WebhookAttempt, WebhookEndpoint, now_ms};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use slog::{Logger, debug, error, info, warn};
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, watch};
@@ -37,37 +36,13 @@ pub const RESPONSE_LOG_BYTES: usize = 4096;
 /// How long the previous secret keeps signing after a rotation.
 pub const ROTATION_OVERLAP_MS: i64 = 24 * 3_600_000;
 
-/// Resolves names for the webhook client and refuses any that resolve to a refused
-/// address; the client then connects only to the addresses checked here.
-#[derive(Clone, Debug)]
-pub struct GuardedResolver {
-    pub allow_loopback: bool,
-}
-
-impl reqwest::dns::Resolve for GuardedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let allow_loopback = self.allow_loopback;
-        Box::pin(async move {
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
-            let ips: Vec<_> = addrs.iter().map(SocketAddr::ip).collect();
-            ssrf::check_addresses(&ips, allow_loopback)?;
-            let addrs: reqwest::dns::Addrs = Box::new(addrs.into_iter());
-            Ok(addrs)
-        })
-    }
-}
-
 /// The HTTP client of deliveries: no redirects, no proxy, the guarded resolver.
 pub fn http_client(settings: &WebhookSettings, allow_loopback: bool) -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
-        .dns_resolver(Arc::new(GuardedResolver { allow_loopback }))
-        .timeout(Duration::from_millis(settings.timeout_ms))
-        .connect_timeout(Duration::from_millis(settings.timeout_ms.min(10_000)))
-        .user_agent(concat!("gateway-webhooks/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .expect("the webhook client builds")
+    guarded::client(
+        allow_loopback,
+        Duration::from_millis(settings.timeout_ms),
+        concat!("gateway-webhooks/", env!("CARGO_PKG_VERSION")),
+    )
 }
 
 /// Hex HMAC-SHA256 of `timestamp.body` under `secret`.
@@ -126,11 +101,7 @@ pub async fn post(
     let timestamp = now.div_euclid(1000).to_string();
     let mut outcome = Outcome::default();
     // The form and literal addresses are checked here; names by the resolver at connect.
-    if let Err(e) = ssrf::check_form(&endpoint.url, allow_loopback).and_then(|url| match url.host() {
-        Some(url::Host::Ipv4(ip)) => ssrf::check_addresses(&[ip.into()], allow_loopback),
-        Some(url::Host::Ipv6(ip)) => ssrf::check_addresses(&[ip.into()], allow_loopback),
-        _ => Ok(()),
-    }) {
+    if let Err(e) = guarded::check_url(&endpoint.url, allow_loopback) {
         outcome.error = Some(format!("refused by the SSRF guard: {e}"));
         return outcome;
     }
@@ -265,7 +236,7 @@ impl Dispatcher {
                 continue;
             }
             let now = now_ms();
-            let claimed = match self.store.claim_events(now, now + lease_ms, free as i64).await {
+            let claimed = match self.store.claim_events(now, now.saturating_add(lease_ms), free as i64).await {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     error!(self.log, "claiming webhook events failed"; "error" => %e);
@@ -368,7 +339,14 @@ impl Dispatcher {
         .await;
         let now = now_ms();
         let succeeded = result.succeeded();
-        let disable_after_ms = self.settings.disable_after_hours.max(0) * 3_600_000;
+        let outcome = match result.status {
+            _ if succeeded => "delivered",
+            Some(410) => "gone",
+            Some(_) => "rejected",
+            None => "error",
+        };
+        crate::metrics::get().webhook_attempts.with_label_values(&[outcome]).inc();
+        let disable_after_ms = crate::bounds::hours_ms(self.settings.disable_after_hours.max(0));
         let (state, change) = if succeeded {
             (EventState::Done("delivered"), EndpointChange::Succeeded)
         } else if result.status == Some(410) {
@@ -382,7 +360,9 @@ impl Dispatcher {
                 result.retry_after.filter(|_| matches!(result.status, Some(429 | 503))),
             );
             let state = match next {
-                Some(delay) => EventState::Retry { at: now + delay.as_millis() as i64 },
+                Some(delay) => {
+                    EventState::Retry { at: now.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)) }
+                }
                 None => EventState::Done("failed"),
             };
             let failing_for = endpoint.failing_since.map(|since| now - since);
@@ -487,7 +467,6 @@ pub fn test_event(endpoint: &WebhookEndpoint) -> ClaimedEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::dns::Resolve;
 
     fn endpoint(secret: Option<&str>, previous: Option<(&str, i64)>) -> WebhookEndpoint {
         WebhookEndpoint {
@@ -524,17 +503,5 @@ mod tests {
             sign("whsec_test", "1700000000", b"{}"),
             "35495024f4ef3f94e5a93e22221544c4b75e9a42300cd965ab81cb85cd994e91"
         );
-    }
-
-    /// The connect path: a name that resolves to loopback is refused by the resolver the
-    /// client uses, unless the development flag allows loopback.
-    #[tokio::test]
-    async fn the_resolver_refuses_names_that_resolve_to_loopback() {
-        let name = |n: &str| n.parse::<reqwest::dns::Name>().unwrap();
-        let refused = GuardedResolver { allow_loopback: false }.resolve(name("localhost")).await;
-        let error = refused.err().expect("localhost is refused").to_string();
-        assert!(error.contains("refused address"), "{error}");
-        let allowed = GuardedResolver { allow_loopback: true }.resolve(name("localhost")).await;
-        assert!(allowed.unwrap().all(|a| a.ip().is_loopback()));
     }
 }

@@ -7,6 +7,8 @@
 //! key is reached with a double underscore (`GATEWAY_LIMITS__INSTANCE_PER_MINUTE`).
 //! `server/examples/config.toml` documents every key and a test parses it.
 
+mod numbers;
+
 use serde::{Deserialize, Deserializer};
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
 
@@ -29,6 +31,11 @@ pub struct Config {
     pub listen: SocketAddr,
     /// The gateway's own base URL as providers reach it; `http://{listen}` when unset.
     pub public_url: Option<String>,
+    /// Address of the Prometheus metrics listener (`GET /metrics`); off when unset.
+    /// Never the public listener: bind it where only the scraper reaches it.
+    pub metrics_listen: Option<SocketAddr>,
+    /// HTTPS on the public listener.
+    pub tls: TlsSettings,
     /// Provider for new instances: `simulator` (built in) or `evolution`.
     pub provider: String,
     /// Base URL of the Evolution-compatible provider.
@@ -70,6 +77,94 @@ pub struct Config {
     pub webhooks: WebhookSettings,
     /// The policy host: sandbox limits, fail mode, reload and review pause.
     pub policies: PolicySettings,
+    /// The dashboard's sign-in: work bounds before authentication.
+    pub dashboard: DashboardSettings,
+    /// How long rows that grow with traffic are kept.
+    pub retention: RetentionSettings,
+    /// Load balancers and proxies in front of the gateway (addresses or CIDR networks,
+    /// a list or comma-separated): behind them the client is read from
+    /// `X-Forwarded-For`. Empty: the connection's peer is the client.
+    #[serde(deserialize_with = "list_or_csv")]
+    pub trusted_proxies: Vec<String>,
+}
+
+/// How long each table that grows with traffic keeps its rows (the PBX event log and
+/// the webhook attempt log have theirs in `[pbx]` and `[webhooks]`). Enforced by a
+/// background job on every gateway and by `gateway retention run`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionSettings {
+    /// Days the message log keeps a send attempt (with its delivery states).
+    pub message_log_days: i64,
+    /// Days received messages, delivery reports, calls and connection changes are kept.
+    pub inbound_days: i64,
+    /// Hours a provider's raw event is kept once applied (for a replay by an operator).
+    pub provider_events_hours: i64,
+    /// Days a provider's raw event that failed to apply is kept (to reprocess it).
+    pub failed_provider_events_days: i64,
+    /// Days a decided review item is kept.
+    pub review_days: i64,
+    /// Days a recipient's contact record (first and last message, replies, the `@lid`
+    /// it was seen as) is kept after the last message either way. The pacing policy's
+    /// "new recipient" and "never replied" read it: a recipient forgotten is new again.
+    pub contacts_days: i64,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        RetentionSettings {
+            message_log_days: 90,
+            inbound_days: 90,
+            provider_events_hours: 24,
+            failed_provider_events_days: 7,
+            review_days: 90,
+            contacts_days: 365,
+        }
+    }
+}
+
+/// Bounds on the work an unauthenticated sign-in can cause: a throttle per source
+/// address (beside the one per email), and a fixed number of threads that hash
+/// passwords behind a short queue; beyond them, 429 with `Retry-After` before any
+/// hashing.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DashboardSettings {
+    /// Sign-in attempts a minute per source address (IPv4 address, IPv6 /64), after
+    /// the burst.
+    pub signin_per_minute: i64,
+    /// Sign-in attempts one source address may make at once.
+    pub signin_burst: i64,
+    /// Threads hashing passwords, each holding 19 MiB while it hashes (0: one per core).
+    pub password_slots: i64,
+    /// Password jobs that may wait for a thread (0: twice the slots).
+    pub password_queue: i64,
+}
+
+impl Default for DashboardSettings {
+    fn default() -> Self {
+        DashboardSettings { signin_per_minute: 10, signin_burst: 30, password_slots: 0, password_queue: 0 }
+    }
+}
+
+/// HTTPS served by the gateway itself (rustls): both files set, or neither (plain
+/// HTTP, e.g. behind a proxy that ends TLS). The certificate is read again on SIGHUP.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsSettings {
+    /// PEM certificate chain, the server's certificate first.
+    pub cert_file: Option<String>,
+    /// PEM private key (PKCS #8, PKCS #1 or SEC1).
+    pub key_file: Option<String>,
+}
+
+impl TlsSettings {
+    /// Dropshot's TLS configuration, when both files are set.
+    pub fn dropshot(&self) -> Option<dropshot::ConfigTls> {
+        let cert = self.cert_file.as_deref().filter(|f| !f.is_empty())?;
+        let key = self.key_file.as_deref().filter(|f| !f.is_empty())?;
+        Some(dropshot::ConfigTls::AsFile { cert_file: cert.into(), key_file: key.into() })
+    }
 }
 
 /// The policy host (DESIGN.md: fresh instance per evaluation, fuel, memory cap, no
@@ -225,6 +320,8 @@ pub struct MediaLimits {
     pub max_image_bytes: usize,
     pub max_document_bytes: usize,
     pub max_audio_bytes: usize,
+    /// How long fetching a media URL may take in all (redirects included).
+    pub fetch_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -236,6 +333,8 @@ impl Default for Config {
             database_timeout_ms: 5_000,
             listen: "127.0.0.1:8080".parse().unwrap(),
             public_url: None,
+            metrics_listen: None,
+            tls: TlsSettings::default(),
             provider: "simulator".to_string(),
             evolution_url: None,
             evolution_api_key: None,
@@ -254,6 +353,9 @@ impl Default for Config {
             pbx: PbxSettings::default(),
             webhooks: WebhookSettings::default(),
             policies: PolicySettings::default(),
+            dashboard: DashboardSettings::default(),
+            retention: RetentionSettings::default(),
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -291,6 +393,7 @@ impl Default for MediaLimits {
             max_image_bytes: 5 * 1024 * 1024,
             max_document_bytes: 16 * 1024 * 1024,
             max_audio_bytes: 16 * 1024 * 1024,
+            fetch_timeout_ms: 10_000,
         }
     }
 }
@@ -364,37 +467,24 @@ impl Config {
                 self.sqlite_synchronous
             )));
         }
-        if !(100..=600_000).contains(&self.database_timeout_ms) {
-            return Err(ConfigError::Invalid("database_timeout_ms must be between 100 and 600000".to_string()));
+        let (cert, key) = (&self.tls.cert_file, &self.tls.key_file);
+        if cert.as_deref().is_some_and(|c| !c.is_empty()) != key.as_deref().is_some_and(|k| !k.is_empty()) {
+            return Err(ConfigError::Invalid("tls: set both cert_file and key_file, or neither".to_string()));
+        }
+        if self.metrics_listen.is_some_and(|m| m == self.listen) {
+            return Err(ConfigError::Invalid("metrics_listen must differ from listen".to_string()));
         }
         if !matches!(self.log_format.as_str(), "json" | "pretty") {
             return Err(ConfigError::Invalid(format!("log_format must be json or pretty, not {:?}", self.log_format)));
         }
-        let all_limits = [
-            self.limits.instance_per_minute,
-            self.limits.recipient_per_minute,
-            self.plans.starter.daily_messages,
-            self.plans.starter.monthly_messages,
-            self.plans.scale.daily_messages,
-            self.plans.scale.monthly_messages,
-        ];
-        if all_limits.iter().any(|n| *n < 1) {
-            return Err(ConfigError::Invalid("limits must be at least 1".to_string()));
-        }
+        numbers::check(self).map_err(ConfigError::Invalid)?;
+        crate::net::client_addr::parse_trusted(&self.trusted_proxies).map_err(ConfigError::Invalid)?;
         let p = &self.policies;
         if !matches!(p.fail_mode.as_str(), "deny" | "review" | "allow") {
             return Err(ConfigError::Invalid(format!(
                 "policies.fail_mode must be deny, review or allow, not {:?}",
                 p.fail_mode
             )));
-        }
-        if p.fuel < 10_000 || p.memory_bytes < (1 << 16) || p.memory_bytes > (64 << 20) || p.review_pause_threshold < 1
-        {
-            return Err(ConfigError::Invalid(
-                "policies: fuel must be at least 10000, memory_bytes between 64 KiB and 64 MiB, \
-                 review_pause_threshold at least 1"
-                    .to_string(),
-            ));
         }
         Ok(())
     }
@@ -411,13 +501,6 @@ impl Config {
     /// The gateway's base URL as providers reach it: `public_url`, else `http://{listen}`.
     pub fn public_base_url(&self) -> String {
         self.public_url.clone().filter(|u| !u.is_empty()).unwrap_or_else(|| format!("http://{}", self.listen))
-    }
-
-    /// The Evolution client, when `evolution_url` and `evolution_api_key` are set.
-    pub fn evolution(&self) -> Option<crate::provider::evolution::Evolution> {
-        let url = self.evolution_url.as_deref().filter(|u| !u.is_empty())?;
-        let key = self.evolution_api_key.as_deref().filter(|k| !k.is_empty())?;
-        Some(crate::provider::evolution::Evolution::new(url, key, self.provider_timeout()))
     }
 
     pub fn provider_timeout(&self) -> Duration {
@@ -456,6 +539,21 @@ fn env_value(value: &str) -> toml::Value {
     }
 }
 
+/// A list of strings, or one string of comma-separated items (as an environment
+/// variable gives it).
+fn list_or_csv<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrCsv {
+        List(Vec<String>),
+        Csv(String),
+    }
+    Ok(match ListOrCsv::deserialize(d)? {
+        ListOrCsv::List(list) => list,
+        ListOrCsv::Csv(text) => text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect(),
+    })
+}
+
 /// `true`/`false`, `1`/`0`, or those as text.
 fn flexible_bool<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
     #[derive(Deserialize)]
@@ -482,7 +580,7 @@ mod tests {
 
     #[test]
     fn example_config_parses_and_documents_every_key() {
-        let text = include_str!("../examples/config.toml");
+        let text = include_str!("../../examples/config.toml");
         let config = Config::from_toml(text).expect("examples/config.toml parses");
         assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
         // Every top-level key of the struct appears in the example.
@@ -493,6 +591,10 @@ mod tests {
             "database_timeout_ms",
             "listen",
             "public_url",
+            "metrics_listen",
+            "[tls]",
+            "cert_file",
+            "key_file",
             "provider",
             "evolution_url",
             "evolution_api_key",
@@ -523,6 +625,12 @@ mod tests {
             "cache_dir",
             "review_pause_threshold",
             "review_window_hours",
+            "trusted_proxies",
+            "[dashboard]",
+            "signin_per_minute",
+            "signin_burst",
+            "password_slots",
+            "password_queue",
         ] {
             assert!(text.contains(key), "examples/config.toml does not document {key}");
         }

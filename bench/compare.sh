@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# This gateway against another build (BASE_BIN), alternating, in one run: send-message
+# (text, simulator, the purpose and content modules, limits lifted) on SQLite and on
+# PostgreSQL, each pair ROUNDS times; the bare Dropshot echo first, for the ratios.
+#
+#   git worktree add /tmp/base <commit>
+#   (cd /tmp/base && CARGO_TARGET_DIR=$PWD/../main/target cargo build --release -p gateway-server --bin gateway)
+#   cp target/release/gateway /tmp/gateway-base
+#   BASE_BIN=/tmp/gateway-base ROUNDS=2 DURATION=8 bench/compare.sh   # needs wrk and oha
+#
+# Throughput: wrk -t1 -c32 (closed loop). Latency: oha -q 1000 -c 32 (open loop).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-8}
+ROUNDS=${ROUNDS:-2}
+OHA=${OHA:-$(command -v oha || echo /tmp/oha/bin/oha)}
+: "${BASE_BIN:?set BASE_BIN to the gateway binary to compare with}"
+. bench/common.sh
+BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactional","message":"Your code is 123456"}'
+
+measure() { # name url key
+  local name=$1 url=$2 key=$3
+  local rps p99
+  rps=$(API_KEY=$key wrk -t1 -c32 -d${DURATION}s -s bench/send.lua "$url" | awk '/Requests\/sec/ {print $2}')
+  p99=$("$OHA" -z ${DURATION}s -q 1000 -c 32 --no-tui -m POST -H "Content-Type: application/json" \
+    ${key:+-H "Authorization: Bearer $key"} -d "$BODY" "$url" | awk '/99.00%/ {print $3, $4}')
+  printf '%-28s %10s req/s   p99 at 1000 req/s: %s\n' "$name" "$rps" "$p99"
+}
+
+mkdir -p "$work/policies" && cp policies/dist/purpose.wasm policies/dist/content.wasm "$work/policies/"
+"$BIN/examples/echo" 127.0.0.1:18081 "$work/echo.log" & wait_port 18081
+measure "echo" http://127.0.0.1:18081/echo ""
+kill %1; wait %1 2>/dev/null || true
+
+run() { # name binary database_url port
+  local name=$1 bin=$2 db=$3 port=$4
+  local out; out=$("$bin" --database-url "$db" demo)
+  local key cus
+  key=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
+  cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
+  "$bin" --database-url "$db" customer limits --customer "$cus" --daily 1000000000 --monthly 1000000000 \
+    --instance-per-minute 1000000000 --recipient-per-minute 1000000000 >/dev/null
+  GATEWAY_POLICIES__BUNDLED=false GATEWAY_POLICIES_DIR="$work/policies" GATEWAY_POLICIES__CACHE_DIR="$work/cache" \
+    GATEWAY_SIMULATOR_STATUS_DELAY_MS=0 GATEWAY_LOG_FILE="$work/$name.log" "$bin" --database-url "$db" serve --listen 127.0.0.1:$port &
+  wait_port $port
+  measure "$name" http://127.0.0.1:$port/api/send-message "$key"
+  kill %1; wait %1 2>/dev/null || true
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  run "sqlite, base" "$BASE_BIN" "sqlite://$work/base$round.db?mode=rwc" 18082
+  run "sqlite, this" "$BIN/gateway" "sqlite://$work/this$round.db?mode=rwc" 18083
+  run "postgres, base" "$BASE_BIN" "$(pg_fresh)" 18084
+  run "postgres, this" "$BIN/gateway" "$(pg_fresh)" 18085
+done
+pg_drop

@@ -1,0 +1,332 @@
+//! Prometheus metrics, in the text format, on a listener of their own
+//! (`GATEWAY_METRICS_LISTEN`; off when unset, never on the public listener).
+//!
+//! Counters and histograms live in one process-wide registry that the parts update as
+//! they work: the send pipeline (sends by decision and error, policy evaluation and
+//! provider request times), the webhook dispatcher, the PBX webhook and the provider
+//! ingress. HTTP requests are counted from Dropshot's own "request completed" log
+//! record ([`HttpDrain`]): Dropshot has no middleware, and that record is the one place
+//! that sees every answer, a router 404 or an extractor's 400 included. The outbox
+//! backlog and the instances by state are read from the store at each scrape.
+
+use crate::store::{Store, StoreError, now_ms};
+use dropshot::{Body, HttpError, RequestContext, endpoint};
+use prometheus::{
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use std::sync::{Arc, LazyLock};
+
+/// Every metric of the process.
+pub struct Metrics {
+    registry: Registry,
+    pub http_requests: IntCounterVec,
+    pub http_duration: HistogramVec,
+    pub sends: IntCounterVec,
+    pub policy_evaluation: HistogramVec,
+    pub provider_request: HistogramVec,
+    pub webhook_attempts: IntCounterVec,
+    pub pbx_events: IntCounterVec,
+    pub ingress_events: IntCounterVec,
+    pub password_work: IntCounterVec,
+    pub signin_refused: IntCounterVec,
+    outbox_pending: IntGauge,
+    outbox_oldest_age: Gauge,
+    instances: IntGaugeVec,
+    webhook_endpoints: IntGaugeVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid counter");
+    registry.register(Box::new(c.clone())).expect("registered once");
+    c
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+    let h =
+        HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels).expect("a valid histogram");
+    registry.register(Box::new(h.clone())).expect("registered once");
+    h
+}
+
+/// Request and provider times: 1 ms to 30 s.
+const SECONDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// Policy evaluations: 10 µs to 100 ms.
+const POLICY_SECONDS: &[f64] = &[0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.1];
+
+impl Metrics {
+    fn new() -> Metrics {
+        let registry = Registry::new();
+        let build = IntGaugeVec::new(
+            Opts::new("gateway_build_info", "The running gateway's version (always 1)."),
+            &["version"],
+        )
+        .expect("a valid gauge");
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        registry.register(Box::new(build)).expect("registered once");
+        let outbox_pending =
+            IntGauge::new("gateway_outbox_pending", "Events not yet delivered to a webhook.").expect("a valid gauge");
+        registry.register(Box::new(outbox_pending.clone())).expect("registered once");
+        let outbox_oldest_age = Gauge::new(
+            "gateway_outbox_oldest_age_seconds",
+            "Age of the oldest event not yet delivered (0 when none is waiting).",
+        )
+        .expect("a valid gauge");
+        registry.register(Box::new(outbox_oldest_age.clone())).expect("registered once");
+        let instances = IntGaugeVec::new(
+            Opts::new("gateway_instances", "Instances by connection state and whether they are paused."),
+            &["connection_state", "paused"],
+        )
+        .expect("a valid gauge");
+        registry.register(Box::new(instances.clone())).expect("registered once");
+        let webhook_endpoints = IntGaugeVec::new(
+            Opts::new(
+                "gateway_webhook_endpoints",
+                "Webhook endpoints by state: ok, failing (since their last success), disabled.",
+            ),
+            &["state"],
+        )
+        .expect("a valid gauge");
+        registry.register(Box::new(webhook_endpoints.clone())).expect("registered once");
+        Metrics {
+            http_requests: counter(
+                &registry,
+                "gateway_http_requests_total",
+                "HTTP requests answered, by route and status.",
+                &["route", "status"],
+            ),
+            http_duration: histogram(
+                &registry,
+                "gateway_http_request_duration_seconds",
+                "Time to answer an HTTP request, by route.",
+                &["route"],
+                SECONDS,
+            ),
+            sends: counter(
+                &registry,
+                "gateway_sends_total",
+                "Send attempts by decision (allowed, refused) and error code (empty when sent).",
+                &["decision", "error"],
+            ),
+            policy_evaluation: histogram(
+                &registry,
+                "gateway_policy_evaluation_seconds",
+                "Time one policy module took to evaluate a send, by module.",
+                &["module"],
+                POLICY_SECONDS,
+            ),
+            provider_request: histogram(
+                &registry,
+                "gateway_provider_request_seconds",
+                "Time a provider took to answer a send, by provider and outcome.",
+                &["provider", "outcome"],
+                SECONDS,
+            ),
+            webhook_attempts: counter(
+                &registry,
+                "gateway_webhook_attempts_total",
+                "Webhook delivery attempts by outcome.",
+                &["outcome"],
+            ),
+            password_work: counter(
+                &registry,
+                "gateway_password_work_total",
+                "Password hashes and checks (sign-in, invitations, recovery codes): done, or busy (refused at once: every hashing slot and the queue were taken).",
+                &["outcome"],
+            ),
+            signin_refused: counter(
+                &registry,
+                "gateway_signin_refused_total",
+                "Sign-in attempts refused before any password work, by reason (source: too many from one address; account: too many on one email; busy: no hashing slot).",
+                &["reason"],
+            ),
+            pbx_events: counter(
+                &registry,
+                "gateway_pbx_events_total",
+                "PBX webhook events by outcome (the action taken, or the error code).",
+                &["outcome"],
+            ),
+            ingress_events: counter(
+                &registry,
+                "gateway_ingress_events_total",
+                "Provider events received, by outcome.",
+                &["outcome"],
+            ),
+            outbox_pending,
+            outbox_oldest_age,
+            instances,
+            webhook_endpoints,
+            registry,
+        }
+    }
+
+    /// Reads the gauges the store holds, then renders every metric.
+    pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
+        let (pending, oldest) = store.outbox_backlog().await?;
+        self.outbox_pending.set(pending);
+        self.outbox_oldest_age.set(oldest.map_or(0.0, |at| (now_ms() - at).max(0) as f64 / 1000.0));
+        self.instances.reset();
+        for (state, paused, count) in store.instance_states().await? {
+            self.instances.with_label_values(&[state.as_str(), if paused { "true" } else { "false" }]).set(count);
+        }
+        self.webhook_endpoints.reset();
+        for state in ["ok", "failing", "disabled"] {
+            self.webhook_endpoints.with_label_values(&[state]).set(0);
+        }
+        for (state, count) in store.webhook_endpoint_states().await? {
+            self.webhook_endpoints.with_label_values(&[state.as_str()]).set(count);
+        }
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .map_err(|e| StoreError::Conflict(e.to_string()))?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// The process's metrics.
+pub fn get() -> &'static Metrics {
+    &METRICS
+}
+
+/// A send attempt's outcome.
+pub fn send_outcome(decision: &str, error: &str) {
+    get().sends.with_label_values(&[decision, error]).inc();
+}
+
+/// The route template of a request path, so the label's values stay few: a segment
+/// that carries an id (a digit, or longer than 24 characters) becomes `{id}`; a path
+/// the router matched to no handler (`unmatched`: Dropshot's own 404 or 405) is not
+/// kept, so a scanner cannot grow the label.
+pub fn route_of(uri: &str, unmatched: bool) -> String {
+    if unmatched {
+        return "unmatched".into();
+    }
+    let path = uri.split(['?', '#']).next().unwrap_or("");
+    let mut route = String::new();
+    for segment in path.split('/').filter(|s| !s.is_empty()).take(6) {
+        route.push('/');
+        if segment.len() > 24 || segment.bytes().any(|b| b.is_ascii_digit()) {
+            route.push_str("{id}");
+        } else {
+            route.push_str(segment);
+        }
+    }
+    if route.is_empty() { "/".into() } else { route }
+}
+
+/// A slog drain in front of the HTTP server's logger that counts Dropshot's "request
+/// completed" records (see the module docs) and passes every record on.
+pub struct HttpDrain;
+
+impl slog::Drain for HttpDrain {
+    type Ok = ();
+    type Err = slog::Never;
+
+    fn log(&self, record: &slog::Record<'_>, values: &slog::OwnedKVList) -> Result<(), slog::Never> {
+        if record.msg().as_str() != Some("request completed") {
+            return Ok(());
+        }
+        let mut fields = Fields::default();
+        let _ = slog::KV::serialize(&record.kv(), record, &mut fields);
+        let _ = slog::KV::serialize(values, record, &mut fields);
+        if let (Some(status), Some(uri)) = (fields.status, fields.uri) {
+            let by_router = fields
+                .internal
+                .as_deref()
+                .is_some_and(|m| m.starts_with("no route found") || m.starts_with("route has no handlers"));
+            let route = route_of(&uri, status == 405 || (status == 404 && by_router));
+            let m = get();
+            m.http_requests.with_label_values(&[route.as_str(), &status.to_string()]).inc();
+            if let Some(us) = fields.latency_us {
+                m.http_duration.with_label_values(&[route.as_str()]).observe(us as f64 / 1e6);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Fields {
+    status: Option<u16>,
+    uri: Option<String>,
+    latency_us: Option<u64>,
+    /// Dropshot's internal error message, on an error answer.
+    internal: Option<String>,
+}
+
+impl slog::Serializer for Fields {
+    fn emit_arguments(&mut self, key: slog::Key, val: &std::fmt::Arguments<'_>) -> slog::Result {
+        self.emit_str(key, &val.to_string())
+    }
+
+    fn emit_u16(&mut self, key: slog::Key, val: u16) -> slog::Result {
+        if key == "response_code" {
+            self.status = Some(val);
+        }
+        Ok(())
+    }
+
+    fn emit_u64(&mut self, key: slog::Key, val: u64) -> slog::Result {
+        if key == "latency_us" {
+            self.latency_us = Some(val);
+        }
+        Ok(())
+    }
+
+    fn emit_u128(&mut self, key: slog::Key, val: u128) -> slog::Result {
+        if key == "latency_us" {
+            self.latency_us = Some(val as u64);
+        }
+        Ok(())
+    }
+
+    fn emit_str(&mut self, key: slog::Key, val: &str) -> slog::Result {
+        if key == "uri" && self.uri.is_none() {
+            self.uri = Some(val.to_string());
+        } else if key == "error_message_internal" {
+            self.internal = Some(val.chars().take(64).collect());
+        }
+        Ok(())
+    }
+}
+
+/// What the metrics listener serves.
+pub struct MetricsContext {
+    pub store: Store,
+}
+
+/// The metrics, in the Prometheus text format.
+#[endpoint { method = GET, path = "/metrics" }]
+async fn metrics_get(rqctx: RequestContext<Arc<MetricsContext>>) -> Result<http::Response<Body>, HttpError> {
+    let text = get()
+        .render(&rqctx.context().store)
+        .await
+        .map_err(|e| HttpError::for_unavail(None, format!("reading the store for the metrics failed: {e}")))?;
+    http::Response::builder()
+        .header(http::header::CONTENT_TYPE, TextEncoder::new().format_type())
+        .body(Body::from(text))
+        .map_err(|e| HttpError::for_internal_error(e.to_string()))
+}
+
+/// The metrics listener's API.
+pub fn api() -> Result<dropshot::ApiDescription<Arc<MetricsContext>>, String> {
+    let mut api = dropshot::ApiDescription::new();
+    api.register(metrics_get).map_err(|e| e.to_string())?;
+    Ok(api)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_of;
+
+    #[test]
+    fn routes_keep_their_template_and_ids_fold() {
+        assert_eq!(route_of("/api/send-message", false), "/api/send-message");
+        assert_eq!(route_of("/integrations/pbx/webhook/pbx_3f2a9c?x=1", false), "/integrations/pbx/webhook/{id}");
+        assert_eq!(route_of("/instances/ins_0123456789abcdef0123456789abcdef", false), "/instances/{id}");
+        assert_eq!(route_of("/no/such/thing", true), "unmatched");
+        assert_eq!(route_of("/", false), "/");
+    }
+}

@@ -1,0 +1,184 @@
+//! The message log as the dashboard reads it: each row with its delivery state
+//! (`delivery`), filtered, paged by key (newest first, `before` a log id), streamed in
+//! chunks for the CSV export, and one message with the webhook events that carry it.
+
+use super::delivery::{Delivery, DeliveryState, FROM_LOG_AND_STATUS, STATUS_COLUMNS};
+use super::{FromCols, LogEntry, Store, StoreError, bind_all};
+use rusqlite::types::Value as SqlValue;
+use sqlx::Row;
+
+/// Filters of the message log (all optional, combined with AND).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogFilter {
+    pub instance_id: Option<String>,
+    /// `allowed` or `refused`.
+    pub decision: Option<String>,
+    /// What became of the message (sent, delivered, read, failed, ...).
+    pub state: Option<DeliveryState>,
+    pub source: Option<String>,
+    pub recipient: Option<String>,
+    pub error_code: Option<String>,
+    /// Rows created at or after this time (Unix ms).
+    pub since: Option<i64>,
+    /// Rows of the request with this `x-request-id` or `X-Correlation-Id`.
+    pub request: Option<String>,
+}
+
+/// A log row with the provider's reports on it.
+#[derive(Clone, Debug)]
+pub struct LogRow {
+    pub id: i64,
+    pub entry: LogEntry,
+    pub delivery: Delivery,
+}
+
+impl LogRow {
+    /// The row's state and the error of a failure.
+    pub fn state(&self) -> (DeliveryState, Option<String>) {
+        DeliveryState::of(&self.entry, &self.delivery)
+    }
+}
+
+/// A webhook event that carries a message, and its delivery attempts.
+#[derive(Clone, Debug)]
+pub struct MessageEvent {
+    pub id: i64,
+    pub event_type: String,
+    pub created_at: i64,
+    pub delivered_at: Option<i64>,
+    /// (attempted at, HTTP status, succeeded, latency ms, error).
+    pub attempts: Vec<(i64, Option<i64>, bool, Option<i64>, Option<String>)>,
+}
+
+fn log_columns() -> String {
+    super::messages::LOG_COLUMNS.split(", ").map(|c| format!("m.{c}")).collect::<Vec<_>>().join(", ")
+}
+
+fn text(s: &str) -> SqlValue {
+    SqlValue::Text(s.to_string())
+}
+
+/// The query of a customer's log rows matching `filter`, newest first, below `before`.
+fn log_query(customer_id: &str, filter: &LogFilter, before: Option<i64>, limit: i64) -> (String, Vec<SqlValue>) {
+    let mut sql =
+        format!("SELECT m.id, {}, {STATUS_COLUMNS} FROM {FROM_LOG_AND_STATUS} WHERE m.customer_id = $1", log_columns());
+    let mut values = vec![text(customer_id)];
+    // Each clause names its value `$?` (once or more).
+    let mut add = |clause: &str, value: Option<SqlValue>| {
+        match value {
+            Some(value) => {
+                values.push(value);
+                sql.push_str(&format!(" AND {}", clause.replace("$?", &format!("${}", values.len()))));
+            }
+            None => sql.push_str(&format!(" AND {clause}")),
+        };
+    };
+    if let Some(v) = &filter.instance_id {
+        add("m.instance_id = $?", Some(text(v)));
+    }
+    if let Some(v) = &filter.decision {
+        add("m.decision = $?", Some(text(v)));
+    }
+    if let Some(state) = filter.state {
+        add(&format!("({})", state.condition()), None);
+    }
+    if let Some(v) = &filter.source {
+        add("m.source = $?", Some(text(v)));
+    }
+    if let Some(v) = &filter.recipient {
+        add("m.recipient = $?", Some(text(v)));
+    }
+    if let Some(v) = &filter.error_code {
+        add("m.error_code = $?", Some(text(v)));
+    }
+    if let Some(v) = filter.since {
+        add("m.created_at >= $?", Some(SqlValue::Integer(v)));
+    }
+    if let Some(v) = &filter.request {
+        add("(m.request_id = $? OR m.correlation_id = $?)", Some(text(v)));
+    }
+    if let Some(v) = before {
+        add("m.id < $?", Some(SqlValue::Integer(v)));
+    }
+    values.push(SqlValue::Integer(limit));
+    sql.push_str(&format!(" ORDER BY m.id DESC LIMIT ${}", values.len()));
+    (sql, values)
+}
+
+fn log_row(r: &sqlx::any::AnyRow) -> Result<LogRow, StoreError> {
+    Ok(LogRow { id: r.try_get("id")?, entry: LogEntry::from_cols(r)?, delivery: Delivery::from_cols(r)? })
+}
+
+impl Store {
+    /// A customer's message log, newest first, `before` a log id, with filters.
+    pub async fn message_log_page(
+        &self,
+        customer_id: &str,
+        filter: &LogFilter,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<LogRow>, StoreError> {
+        let (sql, values) = log_query(customer_id, filter, before, limit);
+        let rows = bind_all(sqlx::query(&sql), values).fetch_all(&self.read).await?;
+        rows.iter().map(log_row).collect()
+    }
+
+    /// One log row of a customer, with its reports.
+    pub async fn customer_log_row(&self, customer_id: &str, id: i64) -> Result<Option<LogRow>, StoreError> {
+        let sql = format!(
+            "SELECT m.id, {}, {STATUS_COLUMNS} FROM {FROM_LOG_AND_STATUS} WHERE m.id = $1 AND m.customer_id = $2",
+            log_columns()
+        );
+        let row = sqlx::query(&sql).bind(id).bind(customer_id).fetch_optional(&self.read).await?;
+        row.as_ref().map(log_row).transpose()
+    }
+
+    /// The webhook events of a customer that carry the provider's message id, oldest
+    /// first, with their attempts.
+    pub async fn message_events(&self, customer_id: &str, message_id: &str) -> Result<Vec<MessageEvent>, StoreError> {
+        // The id as a JSON string inside the event body (`message_id` or
+        // `external_message_id`); a provider's ids are letters and digits.
+        if !message_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Ok(Vec::new());
+        }
+        let pattern = format!("%\"{message_id}\"%");
+        let rows = sqlx::query(
+            "SELECT id, event_type, created_at, delivered_at FROM outbox \
+             WHERE customer_id = $1 AND payload LIKE $2 ORDER BY id LIMIT 50",
+        )
+        .bind(customer_id)
+        .bind(&pattern)
+        .fetch_all(&self.read)
+        .await?;
+        let mut events = Vec::new();
+        for row in &rows {
+            let id: i64 = row.try_get("id")?;
+            let attempts = sqlx::query(
+                "SELECT attempted_at, status_code, succeeded, latency_ms, error FROM webhook_attempts \
+                 WHERE outbox_id = $1 ORDER BY id LIMIT 20",
+            )
+            .bind(id)
+            .fetch_all(&self.read)
+            .await?
+            .iter()
+            .map(|a| {
+                Ok((
+                    a.try_get("attempted_at")?,
+                    a.try_get("status_code")?,
+                    a.try_get::<Option<i64>, _>("succeeded")?.unwrap_or(0) != 0,
+                    a.try_get("latency_ms")?,
+                    a.try_get("error")?,
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+            events.push(MessageEvent {
+                id,
+                event_type: row.try_get("event_type")?,
+                created_at: row.try_get("created_at")?,
+                delivered_at: row.try_get("delivered_at")?,
+                attempts,
+            });
+        }
+        Ok(events)
+    }
+}

@@ -1,0 +1,153 @@
+//! Retention: every table that grows with traffic loses its rows past their time, in
+//! one place ([`Store::run_retention`]), run by a background job on every gateway and
+//! by `gateway retention run`. Deletes go in batches of [`BATCH`] rows, so a large
+//! backlog never holds the database's write lock for long (replicas and the SQLite
+//! writer keep going between batches); running on several replicas at once is
+//! harmless (a row is deleted once).
+//!
+//! Never deleted here: a message-log row whose attempt is still `pending` (the orphan
+//! sweep settles it first), an undelivered webhook event, a review item waiting for a
+//! decision, a suppression (an opt-out is kept for as long as the customer exists).
+
+use super::{Backend, Store, StoreError, now_ms};
+use serde::Serialize;
+
+/// Rows deleted per statement.
+pub const BATCH: i64 = 5_000;
+
+/// The cut-off times of one run (Unix ms): rows older than these go.
+#[derive(Clone, Debug)]
+pub struct RetentionPlan {
+    pub now: i64,
+    pub message_log_before: i64,
+    pub inbound_before: i64,
+    pub provider_events_applied_before: i64,
+    pub provider_events_failed_before: i64,
+    pub review_before: i64,
+    pub contacts_before: i64,
+    pub webhooks_before: i64,
+    pub pbx_events_before: i64,
+    /// Replayed PBX signatures are remembered this far back.
+    pub pbx_signatures_before_seconds: i64,
+}
+
+impl RetentionPlan {
+    /// The plan of `config` at `now`.
+    pub fn new(config: &crate::config::Config, now: i64) -> RetentionPlan {
+        use crate::bounds::{days_ms, hours_ms};
+        let r = &config.retention;
+        RetentionPlan {
+            now,
+            message_log_before: now.saturating_sub(days_ms(r.message_log_days)),
+            inbound_before: now.saturating_sub(days_ms(r.inbound_days)),
+            provider_events_applied_before: now.saturating_sub(hours_ms(r.provider_events_hours)),
+            provider_events_failed_before: now.saturating_sub(days_ms(r.failed_provider_events_days)),
+            review_before: now.saturating_sub(days_ms(r.review_days)),
+            contacts_before: now.saturating_sub(days_ms(r.contacts_days)),
+            webhooks_before: now.saturating_sub(days_ms(config.webhooks.retention_days)),
+            pbx_events_before: now.saturating_sub(days_ms(config.pbx.event_retention_days)),
+            pbx_signatures_before_seconds: (now / 1000).saturating_sub(2 * crate::pbx::auth::TOLERANCE_SECONDS),
+        }
+    }
+}
+
+/// Rows one run deleted from one table.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Pruned {
+    pub table: &'static str,
+    pub rows: u64,
+}
+
+/// (table, condition on its rows, the plan's cut-off bound to `$1`).
+type Step = (&'static str, &'static str, fn(&RetentionPlan) -> i64);
+
+/// Every table that grows with traffic, and when its rows go.
+const STEPS: &[Step] = &[
+    ("message_log", "created_at < $1 AND status <> 'pending'", |p| p.message_log_before),
+    ("inbound_messages", "received_at < $1", |p| p.inbound_before),
+    ("message_status", "updated_at < $1", |p| p.inbound_before),
+    ("calls", "seen_at < $1", |p| p.inbound_before),
+    ("provider_events", "received_at < $1 AND processed_at IS NOT NULL AND error IS NULL", |p| {
+        p.provider_events_applied_before
+    }),
+    ("provider_events", "received_at < $1 AND (processed_at IS NULL OR error IS NOT NULL)", |p| {
+        p.provider_events_failed_before
+    }),
+    ("review_queue", "status <> 'pending' AND decided_at < $1", |p| p.review_before),
+    (
+        "contacts",
+        "last_sent_at < $1 AND NOT EXISTS (SELECT 1 FROM contact_activity a WHERE a.instance_id = contacts.instance_id \
+         AND a.phone = contacts.phone AND a.last_inbound_at >= $1)",
+        |p| p.contacts_before,
+    ),
+    (
+        "contact_activity",
+        "last_inbound_at < $1 AND NOT EXISTS (SELECT 1 FROM contacts c WHERE c.instance_id = contact_activity.instance_id \
+         AND c.phone = contact_activity.phone AND c.last_sent_at >= $1)",
+        |p| p.contacts_before,
+    ),
+    ("lid_map", "learned_at < $1", |p| p.contacts_before),
+    ("webhook_attempts", "attempted_at < $1", |p| p.webhooks_before),
+    ("outbox", "delivered_at IS NOT NULL AND delivered_at < $1", |p| p.webhooks_before),
+    ("pbx_events", "created_at < $1", |p| p.pbx_events_before),
+    ("pbx_seen_signatures", "ts < $1", |p| p.pbx_signatures_before_seconds),
+    ("pbx_cooldowns", "until_at < $1", |p| p.now),
+    ("rate_limits", "expires_at < $1", |p| p.now),
+    ("usage_counters", "expires_at < $1", |p| p.now),
+    ("idempotency_keys", "expires_at < $1", |p| p.now),
+    ("dashboard_login_throttle", "window_start < $1 AND next_allowed_at < $1", |p| {
+        p.now - crate::store::THROTTLE_WINDOW_MS
+    }),
+    ("dashboard_sessions", "expires_at < $1", |p| p.now),
+    ("dashboard_invitations", "expires_at < $1", |p| p.now),
+    ("policy_commands", "created_at < $1", |p| p.now - 24 * 3_600_000),
+    ("policy_gateways", "heartbeat_at < $1", |p| p.now - 24 * 3_600_000),
+];
+
+/// The tables retention keeps short, each named once.
+pub fn tables() -> Vec<&'static str> {
+    let mut tables: Vec<&'static str> = STEPS.iter().map(|(t, _, _)| *t).collect();
+    tables.dedup();
+    tables
+}
+
+impl Store {
+    /// Deletes every row past its time; what each table lost.
+    pub async fn run_retention(&self, plan: &RetentionPlan) -> Result<Vec<Pruned>, StoreError> {
+        let row_id = match self.backend {
+            Backend::Sqlite => "rowid",
+            Backend::Postgres => "ctid",
+        };
+        let mut report: Vec<Pruned> = Vec::new();
+        for (table, condition, cut_off) in STEPS {
+            // SQLite's tables without a rowid are named by their primary key.
+            let key = match *table {
+                "pbx_seen_signatures" => "ts, integration_id, signature",
+                _ => row_id,
+            };
+            let sql = format!(
+                "DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} WHERE {condition} LIMIT {BATCH})"
+            );
+            let at = cut_off(plan);
+            let mut rows = 0;
+            loop {
+                let done = sqlx::query(&sql).bind(at).execute(&self.write).await?.rows_affected();
+                rows += done;
+                if done < BATCH as u64 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            match report.iter_mut().find(|p| p.table == *table) {
+                Some(p) => p.rows += rows,
+                None => report.push(Pruned { table, rows }),
+            }
+        }
+        Ok(report)
+    }
+
+    /// `run_retention` at the current time for `config`.
+    pub async fn run_retention_now(&self, config: &crate::config::Config) -> Result<Vec<Pruned>, StoreError> {
+        self.run_retention(&RetentionPlan::new(config, now_ms())).await
+    }
+}

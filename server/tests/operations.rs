@@ -1,0 +1,196 @@
+//! Operating the real binary: its metrics scraped by Debian's Prometheus and read back
+//! through Prometheus's query API, the alerting rules checked by promtool, and HTTPS
+//! whose certificate is renewed with SIGHUP. On SQLite, and on PostgreSQL when
+//! `GATEWAY_TEST_DATABASE_URL` is set.
+
+mod common;
+
+use common::{Db, free_port, gateway, run_json};
+use gateway_sdk_tests::tls::{replace, self_signed};
+use serde_json::{Value, json};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn kill(mut child: Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A Debian tool the project's scripts install (scripts/test).
+fn tool(name: &str) -> Command {
+    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .chain(["/usr/bin".into(), "/usr/sbin".into()])
+        .map(|dir| dir.join(name))
+        .find(|p| p.exists());
+    let path = found.unwrap_or_else(|| panic!("{name} is not installed: run scripts/test, which installs it"));
+    Command::new(path)
+}
+
+async fn send(http: &reqwest::Client, base: &str, key: &str, phone: &str) -> u16 {
+    let body = json!({"instance_id": "demo", "phone": phone, "message_purpose": "transactional",
+                      "message": "Your code is 123456"});
+    let response = http.post(format!("{base}/api/send-message")).bearer_auth(key).json(&body).send().await.unwrap();
+    response.status().as_u16()
+}
+
+#[tokio::test]
+async fn prometheus_scrapes_the_metrics_listener_and_reads_the_send_counter_back() {
+    let db = Db::new("metrics").await;
+    let demo = run_json(gateway(&db.url, &["demo"], &[]));
+    let key = demo["api_key"].as_str().unwrap().to_string();
+    let (port, metrics_port, prometheus_port) = (free_port(), free_port(), free_port());
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let env = [("GATEWAY_METRICS_LISTEN", metrics_listen.as_str()), ("GATEWAY_WEBHOOKS__DISPATCH", "false")];
+    let server = common::serve(gateway(&db.url, &[], &env), port).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    assert_eq!(send(&http, &base, &key, "+14155550101").await, 200);
+    assert_eq!(send(&http, &base, &key, "+14155550102").await, 200);
+    let body = json!({"instance_id": "nope", "phone": "+14155550103", "message_purpose": "transactional",
+                      "message": "x"});
+    let refused = http.post(format!("{base}/api/send-message")).bearer_auth(&key).json(&body).send().await.unwrap();
+    assert_eq!(refused.status(), 404, "invalid_instance");
+
+    // Never on the public listener.
+    assert_eq!(http.get(format!("{base}/metrics")).send().await.unwrap().status(), 404);
+    let text = http.get(format!("http://{metrics_listen}/metrics")).send().await.unwrap().text().await.unwrap();
+    for line in [
+        "gateway_sends_total{decision=\"allowed\",error=\"\"} 2",
+        "gateway_sends_total{decision=\"refused\",error=\"invalid_instance\"} 1",
+        "gateway_http_requests_total{route=\"/api/send-message\",status=\"200\"} 2",
+        "gateway_http_requests_total{route=\"/api/send-message\",status=\"404\"} 1",
+        "gateway_http_requests_total{route=\"unmatched\",status=\"404\"} 1",
+        "gateway_build_info{version=",
+        "gateway_outbox_pending ",
+        "gateway_outbox_oldest_age_seconds ",
+        "gateway_instances{connection_state=\"open\",paused=\"false\"} 1",
+        "gateway_webhook_endpoints{state=\"failing\"} 0",
+        "gateway_provider_request_seconds_count{outcome=\"sent\",provider=\"simulator\"} 2",
+        "gateway_policy_evaluation_seconds_count{module=\"content\"} 2",
+    ] {
+        assert!(text.contains(line), "{line} is not in:\n{text}");
+    }
+    // The exposition passes Prometheus's own linter.
+    let mut lint = tool("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(lint.stdin.as_mut().unwrap(), text.as_bytes()).unwrap();
+    let linted = lint.wait_with_output().unwrap();
+    assert!(
+        linted.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&linted.stdout),
+        String::from_utf8_lossy(&linted.stderr)
+    );
+
+    // Debian's Prometheus scrapes it; the counter comes back through the query API.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: gateway\n    static_configs:\n      - targets: [\"{metrics_listen}\"]\n"
+        ),
+    )
+    .unwrap();
+    let prometheus = tool("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+        .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("prometheus starts");
+    let query = format!(
+        "http://127.0.0.1:{prometheus_port}/api/v1/query?query=sum(gateway_sends_total%7Bdecision%3D%22allowed%22%7D)"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let value = loop {
+        let answer: Option<Value> = match http.get(&query).send().await {
+            Ok(r) => r.json().await.ok(),
+            Err(_) => None,
+        };
+        let value = answer.as_ref().and_then(|a| a["data"]["result"][0]["value"][1].as_str().map(str::to_string));
+        if let Some(value) = value {
+            break value;
+        }
+        assert!(Instant::now() < deadline, "Prometheus never had the counter: {answer:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(value, "2");
+    kill(prometheus);
+
+    // The example alerting rules are valid.
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/alerts.yml");
+    let checked = tool("promtool").args(["check", "rules", rules]).output().unwrap();
+    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stdout));
+    assert!(String::from_utf8_lossy(&checked.stdout).contains("SUCCESS: 6 rules found"));
+    kill(server);
+    db.drop_it().await;
+}
+
+/// `kill -HUP` makes the binary serve a renewed certificate to new connections.
+#[tokio::test]
+async fn sighup_swaps_in_a_renewed_certificate() {
+    let db = Db::new("tls").await;
+    run_json(gateway(&db.url, &["migrate"], &[]));
+    let dir = tempfile::tempdir().unwrap();
+    let live = self_signed(dir.path(), "live");
+    let port = free_port();
+    let (cert, key) = (live.cert_file.display().to_string(), live.key_file.display().to_string());
+    let env = [("GATEWAY_TLS__CERT_FILE", cert.as_str()), ("GATEWAY_TLS__KEY_FILE", key.as_str())];
+    let server = common::serve(gateway(&db.url, &[], &env), port).await;
+    let trusting = |pem: &str| {
+        let root = reqwest::Certificate::from_pem(pem.as_bytes()).unwrap();
+        reqwest::Client::builder().tls_certs_only([root]).build().unwrap()
+    };
+    let url = format!("https://localhost:{port}/health/ready");
+    assert_eq!(trusting(&live.pem).get(&url).send().await.unwrap().status(), 200);
+    let renewed = self_signed(dir.path(), "renewed");
+    replace(&live, &renewed);
+    let hup = Command::new("kill").args(["-HUP", &server.id().to_string()]).status().unwrap();
+    assert!(hup.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match trusting(&renewed.pem).get(&url).send().await {
+            Ok(r) if r.status() == 200 => break,
+            other => assert!(Instant::now() < deadline, "the renewed certificate is not served: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(trusting(&live.pem).get(&url).send().await.is_err(), "the old certificate is gone");
+    kill(server);
+    db.drop_it().await;
+}
+
+/// A rolling upgrade: the new build has migrated the shared store, and a replica of the
+/// previous build (which does not know the newest migration) restarts meanwhile. It
+/// must start, migrate nothing, and report ready.
+#[tokio::test]
+async fn a_replica_of_the_previous_build_starts_on_a_schema_a_newer_build_migrated() {
+    use sqlx::{Connection, Executor};
+    let db = Db::new("rolling").await;
+    run_json(gateway(&db.url, &["migrate"], &[]));
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&db.url).await.unwrap();
+    // What a newer build's migration leaves in sqlx's table.
+    conn.execute(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         SELECT 99990101000000, 'from a newer build', success, checksum, execution_time \
+         FROM _sqlx_migrations WHERE version = (SELECT MAX(version) FROM _sqlx_migrations)",
+    )
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+    run_json(gateway(&db.url, &["migrate"], &[]));
+    let port = free_port();
+    let server = common::serve(gateway(&db.url, &[], &[]), port).await;
+    let ready = reqwest::get(format!("http://127.0.0.1:{port}/health/ready")).await.unwrap();
+    assert_eq!(ready.status(), 200, "{}", ready.text().await.unwrap());
+    kill(server);
+    db.drop_it().await;
+}
