@@ -523,3 +523,38 @@ async fn a_reply_lifts_the_cap_on_messages_to_someone_who_never_replied() {
     assert_eq!(s.cx.send_json(&body(11)).await.0, 200);
     s.cx.teardown().await;
 }
+
+#[tokio::test]
+async fn the_inbound_log_exports_as_csv_with_the_instance_filter() {
+    let s = setup("ing_inbound_csv").await;
+    for (i, text) in ["Is my order ready?", "=HYPERLINK(\"http://127.0.0.1/\",\"click\")"].iter().enumerate() {
+        let body =
+            upsert(&format!("551199999000{i}@s.whatsapp.net"), &format!("3AE99D6A1DBF3F9A057{i}"), text, json!({}));
+        assert_eq!(s.post(&body).await, 200);
+    }
+    let cx = &s.cx;
+    let owner = gateway_sdk_tests::dashboard::signed_in(
+        cx.store(),
+        &cx.config,
+        &cx.base_url,
+        Some(&cx.tenant.customer_id),
+        "owner@inbound.example",
+        gateway_server::dashboard::roles::Role::Owner,
+    )
+    .await;
+    let page = owner.get(&format!("/inbound-logs?instance={}", cx.tenant.instance_id)).await;
+    assert!(page.body.contains(&format!("href=\"/exports/inbound.csv?instance={}\"", cx.tenant.instance_id)));
+    let csv = owner.get(&format!("/exports/inbound.csv?instance={}", cx.tenant.instance_id)).await;
+    assert_eq!(csv.status, 200);
+    assert!(csv.content_type.starts_with("text/csv"));
+    let mut reader = csv::Reader::from_reader(csv.body.as_bytes());
+    let header: Vec<String> = reader.headers().unwrap().iter().map(str::to_string).collect();
+    let rows: Vec<Vec<String>> = reader.records().map(|r| r.unwrap().iter().map(str::to_string).collect()).collect();
+    assert_eq!(rows.len(), 2, "{}", csv.body);
+    let text = header.iter().position(|h| h == "text").expect("a text column");
+    let from = header.iter().position(|h| h == "from").expect("a from column");
+    let mut texts: Vec<&str> = rows.iter().map(|r| r[text].as_str()).collect();
+    texts.sort();
+    assert_eq!(texts, ["'=HYPERLINK(\"http://127.0.0.1/\",\"click\")", "Is my order ready?"], "a formula is defused");
+    assert!(rows.iter().any(|r| r[from] == "+5511999990000"));
+}

@@ -3,6 +3,7 @@
 //! Runs on SQLite, and on PostgreSQL when `GATEWAY_TEST_DATABASE_URL` is set.
 
 mod browser;
+mod browser_insight;
 mod contract;
 mod dashboard;
 mod errors;
@@ -11,6 +12,7 @@ mod health;
 mod https;
 mod idempotency;
 mod ingress;
+mod insight;
 mod limits;
 mod pbx;
 mod policies;

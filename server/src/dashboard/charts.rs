@@ -35,9 +35,13 @@ pub enum MeterState {
 }
 
 impl MeterState {
-    /// The word for the state, shown beside the value and in the table.
-    pub fn label(self) -> &'static str {
-        ["ok", "warning", "danger"][self as usize]
+    /// The word for the state with the meter's words for a warning and a danger.
+    pub fn label(self, words: [&'static str; 2]) -> &'static str {
+        match self {
+            MeterState::Ok => "ok",
+            MeterState::Warn => words[0],
+            MeterState::Danger => words[1],
+        }
     }
 
     fn class(self) -> &'static str {
@@ -53,7 +57,12 @@ pub struct Meter {
     pub max: f64,
     pub display: String,
     pub state: MeterState,
+    /// What a warning and a danger are called for this measure, shown beside the value.
+    pub words: [&'static str; 2],
 }
+
+/// The words of a usage meter's states.
+pub const LIMIT_WORDS: [&str; 2] = ["near the limit", "at the limit"];
 
 impl Meter {
     /// Usage against a limit: "1,204 of 1,500", a warning from 80 % and danger at the limit (a zero limit too).
@@ -64,7 +73,7 @@ impl Meter {
             _ => MeterState::Ok,
         };
         let display = format!("{} of {}", thousands(used), thousands(limit));
-        Meter { label: label.to_string(), value: used as f64, max: limit as f64, display, state }
+        Meter { label: label.to_string(), value: used as f64, max: limit as f64, display, state, words: LIMIT_WORDS }
     }
 }
 
@@ -210,7 +219,7 @@ pub fn meters(id: &str, title: &str, description: &str, meters: &[Meter]) -> Mar
     let svg = html! {
         @for (i, m) in meters.iter().enumerate() {
             @let y = PAD + i as f64 * ROW_H;
-            @let text = match m.state { MeterState::Ok => m.display.clone(), s => format!("{} ({})", m.display, s.label()) };
+            @let text = match m.state { MeterState::Ok => m.display.clone(), s => format!("{} ({})", m.display, s.label(m.words)) };
             @let room = ((full - text.chars().count() as f64 * CHAR_W) / CHAR_W - 2.0).max(8.0) as usize;
             @let ratio = if m.max > 0.0 && m.value.is_finite() { (m.value / m.max).clamp(0.0, 1.0) } else { 0.0 };
             text.label x=(n(PAD)) y=(n(y + 12.0)) { (truncate(&m.label, room)) }
@@ -226,7 +235,7 @@ pub fn meters(id: &str, title: &str, description: &str, meters: &[Meter]) -> Mar
     let table = html! {
         thead { tr { th scope="col" { "Measure" } th.num scope="col" { "Value" } th scope="col" { "State" } } }
         tbody {
-            @for m in meters { tr { th scope="row" { (m.label) } td.num { (m.display) } td { (m.state.label()) } } }
+            @for m in meters { tr { th scope="row" { (m.label) } td.num { (m.display) } td { (m.state.label(m.words)) } } }
             @if meters.is_empty() { (empty_row(3)) }
         }
     };
@@ -462,7 +471,7 @@ mod tests {
         assert_eq!(m.each_ref().map(|m| m.state), [MeterState::Warn, MeterState::Danger, MeterState::Ok]);
         let doc = meters("u", "Usage", "Against limits.", &m).into_string();
         well_formed(&doc).unwrap();
-        assert!(doc.contains("1,204 of 1,500 (warning)</text>") && doc.contains("<td>danger</td>"));
+        assert!(doc.contains("1,204 of 1,500 (near the limit)</text>") && doc.contains("<td>at the limit</td>"));
         assert_eq!(rects(&doc, "meter-fill", "width"), [378.9]);
     }
 }

@@ -65,7 +65,11 @@ pub fn cell(value: &str) -> String {
     let mut chars = value.chars();
     let formula = match chars.next() {
         Some('=' | '@' | '\t' | '\r') => true,
-        Some('+' | '-') => !chars.next().is_some_and(|c| c.is_ascii_digit()),
+        // A signed number stays a number; anything else after a sign is a formula.
+        Some('+' | '-') => {
+            let rest = chars.as_str();
+            rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        }
         _ => false,
     };
     if formula { format!("'{value}") } else { value.to_string() }
@@ -83,6 +87,8 @@ mod tests {
         assert_eq!(cell("-"), "'-");
         assert_eq!(cell("+14155550123"), "+14155550123");
         assert_eq!(cell("-5"), "-5");
+        assert_eq!(cell("+1+cmd|' /C calc'!A0"), "'+1+cmd|' /C calc'!A0");
+        assert_eq!(cell("-2.5"), "-2.5");
         assert_eq!(cell("plain"), "plain");
     }
 }

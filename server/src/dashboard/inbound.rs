@@ -11,17 +11,8 @@ use super::{Ctx, PAGE_SIZE, before_id, html, page, query, when};
 use crate::store::InboundRow;
 use dropshot::{Body, HttpError, endpoint};
 use http::{Response, StatusCode};
-use maud::{Markup, html};
+use maud::html;
 use std::collections::HashMap;
-
-/// A long text folded into a `<details>` so the table keeps its width.
-fn folded_text(text: &str) -> Markup {
-    const SHORT: usize = 80;
-    html! {
-        @if text.chars().count() <= SHORT { (text) }
-        @else { details.fold { summary { (text.chars().take(SHORT).collect::<String>()) "…" } (text) } }
-    }
-}
 
 /// Received messages.
 #[endpoint { method = GET, path = "/inbound-logs", unpublished = true }]
@@ -66,7 +57,7 @@ async fn inbound_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
                             td { code { (r.sender) } }
                             td { (r.group_id.as_deref().unwrap_or("")) }
                             td { (r.message_type) }
-                            td { (folded_text(r.text.as_deref().unwrap_or(""))) }
+                            td { (views::folded(r.text.as_deref().unwrap_or(""), 80)) }
                         }
                     }
                     @if rows.is_empty() { tr { td colspan="6" { "Nothing received yet." } } }

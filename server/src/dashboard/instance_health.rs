@@ -35,7 +35,7 @@ fn share(label: &str, part: u64, whole: u64, warn: f64, danger: f64, low_is_bad:
         _ => MeterState::Ok,
     };
     let display = format!("{} ({} of {})", charts::percent(r), charts::thousands(part), charts::thousands(whole));
-    Meter { label: label.to_string(), value: r * 100.0, max: 100.0, display, state }
+    Meter { label: label.to_string(), value: r * 100.0, max: 100.0, display, state, words: ["watch", "high risk"] }
 }
 
 /// The card of an instance's signals.
@@ -57,6 +57,7 @@ pub async fn risk_card(rqctx: &Ctx, instance: &Instance, now: i64) -> Result<Mar
             max: 7.0,
             display: if warming { format!("day {} of 7", age + 1) } else { "done".into() },
             state: MeterState::Ok,
+            words: charts::LIMIT_WORDS,
         },
     ];
     if s.recipients < 20 {

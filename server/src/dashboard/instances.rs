@@ -96,7 +96,7 @@ async fn list_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) -> Res
                 tbody {
                     @for (i, lifecycle) in &rows {
                         tr {
-                            td { a href=(format!("/instances/{}/manage", i.id)) { (i.name) } }
+                            td.long { a href=(format!("/instances/{}/manage", i.id)) { (i.name) } }
                             td { code { (i.id) } }
                             td { (lifecycle_badge(lifecycle)) }
                             td { (i.provider) }

@@ -49,7 +49,7 @@ async fn render(
                 tbody {
                     @for k in &keys {
                         tr {
-                            td { (k.name) }
+                            td.long { (k.name) }
                             td { code { (k.prefix) "…" } }
                             td { (when(k.created_at)) }
                             td { (k.last_used_at.map(when).unwrap_or_else(|| "never".into())) }

@@ -100,17 +100,6 @@ fn steps(r: &LogRow) -> Vec<(&'static str, i64)> {
     steps
 }
 
-/// A long text folded into a `<details>` so the table keeps its width.
-fn folded(text: &str) -> Markup {
-    const SHORT: usize = 60;
-    html! {
-        @if text.chars().count() <= SHORT { (text) }
-        @else {
-            details.fold { summary { (text.chars().take(SHORT).collect::<String>()) "…" } (text) }
-        }
-    }
-}
-
 /// One row of the message log.
 fn log_row(r: &LogRow, names: &HashMap<&str, &str>) -> Markup {
     let e = &r.entry;
@@ -137,7 +126,7 @@ fn log_row(r: &LogRow, names: &HashMap<&str, &str>) -> Markup {
                     details.fold { summary { "every module" } (policy_trace(e.policy_trace.as_deref())) }
                 }
             }
-            td { (folded(e.reason.as_deref().unwrap_or(""))) }
+            td { (views::folded(e.reason.as_deref().unwrap_or(""), 60)) }
         }
     }
 }
@@ -278,13 +267,13 @@ async fn message_get(rqctx: Ctx, path: Path<MessagePath>) -> Result<Response<Bod
                                 td { code { (ev.event_type) } br; span.hint { "#" (ev.id) } }
                                 td { (when(ev.created_at)) }
                                 td {
-                                    @for (at, status, ok, latency, err) in &ev.attempts {
+                                    @for a in &ev.attempts {
                                         div {
-                                            (if *ok { views::badge("ok", "ok") } else { views::badge("failed", "bad") })
-                                            " " (when(*at))
-                                            @if let Some(s) = status { " · " (s) }
-                                            @if let Some(l) = latency { " · " (l) " ms" }
-                                            @if let Some(err) = err { " · " (folded(err)) }
+                                            (if a.succeeded { views::badge("ok", "ok") } else { views::badge("failed", "bad") })
+                                            " " (when(a.at))
+                                            @if let Some(s) = a.status { " · " (s) }
+                                            @if let Some(l) = a.latency_ms { " · " (l) " ms" }
+                                            @if let Some(err) = &a.error { " · " (views::folded(err, 60)) }
                                         }
                                     }
                                     @if ev.attempts.is_empty() { span.hint { "none yet" } }

@@ -96,7 +96,7 @@ async fn customers_page(
                     @for c in &customers {
                         @let status = c.plan_status(now);
                         tr {
-                            td { a href=(format!("/operator/customers/{}", c.id)) { (c.name) } br; code { (c.id) } }
+                            td.long { a href=(format!("/operator/customers/{}", c.id)) { (c.name) } br; code { (c.id) } }
                             td { (c.plan.as_deref().unwrap_or("none")) }
                             td { (plan_badge(status)) }
                             td { "api " (if c.module_api { "on" } else { "off" }) ", pbx " (if c.module_pbx { "on" } else { "off" }) }
@@ -209,7 +209,7 @@ async fn customer_page(
             table {
                 thead { tr { th { "Email" } th { "Role" } th { "Last sign-in" } } }
                 tbody {
-                    @for u in &users { tr { td { (u.email) } td { (u.role) } td { (u.last_sign_in_at.map(when).unwrap_or_else(|| "never".into())) } } }
+                    @for u in &users { tr { td.long { (u.email) } td { (u.role) } td { (u.last_sign_in_at.map(when).unwrap_or_else(|| "never".into())) } } }
                     @if users.is_empty() { tr { td colspan="3" { "No users yet: invite the owner." } } }
                 }
             }
@@ -231,10 +231,10 @@ fn instances_table(viewer: &Viewer, rows: &[(&crate::store::Instance, &str)]) ->
             tbody {
                 @for (i, customer) in rows {
                     tr {
-                        td { (i.name) br; code { (i.id) } }
+                        td.long { (i.name) br; code { (i.id) } }
                         td { a href=(format!("/operator/customers/{}", i.customer_id)) { (customer) } }
                         td { (i.connection_state) }
-                        td { @if i.paused { (views::badge("paused", "bad")) " " (i.paused_reason.as_deref().unwrap_or("")) } @else { (views::badge("sending", "ok")) } }
+                        td.long { @if i.paused { (views::badge("paused", "bad")) " " (i.paused_reason.as_deref().unwrap_or("")) } @else { (views::badge("sending", "ok")) } }
                         td {
                             @if i.paused {
                                 (views::button_form(&format!("/operator/instances/{}/resume", i.id), &viewer.csrf, "Resume", &[], ""))

@@ -86,6 +86,7 @@ async fn activity(rqctx: &Ctx, customer_id: &str, now: i64) -> Result<Markup, Da
             charts::thousands(delivery.sent)
         ),
         state: MeterState::Ok,
+        words: charts::LIMIT_WORDS,
     };
     let refusals = store.refusals_by_rule(Some(customer_id), since, 10).await?;
     let total: u64 = series.iter().flat_map(|s| s.values.iter()).sum();
@@ -154,7 +155,6 @@ async fn render(rqctx: &Ctx, viewer: &Viewer) -> Result<Markup, DashError> {
                     dt { "Velocity" } dd { (limits.instance_per_minute) " sends a minute per instance, " (limits.recipient_per_minute) " a minute to one recipient" }
                 }
             }
-            h2 { "Usage against your limits" }
             div #usage {
                 (charts::meters("usage-meters", "Usage against your limits",
                     "Messages today (UTC; resets at midnight UTC) against the daily limit, messages this 30-day plan period against the period limit, and paired phone numbers against the plan's instances.",

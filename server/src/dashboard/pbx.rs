@@ -133,7 +133,7 @@ async fn render(
                         @for e in &events {
                             tr {
                                 td { (when(e.created_at)) } td { (e.event_type) } td { (e.action) } td.num { (e.status_code) }
-                                td { (e.error_code.as_deref().unwrap_or("")) } td { (e.phone.as_deref().unwrap_or("")) } td { (e.message_id.as_deref().unwrap_or("")) }
+                                td.long { (e.error_code.as_deref().unwrap_or("")) } td { (e.phone.as_deref().unwrap_or("")) } td.long { (e.message_id.as_deref().unwrap_or("")) }
                             }
                         }
                         @if events.is_empty() { tr { td colspan="7" { "No events yet." } } }

@@ -112,7 +112,7 @@ fn review_row(
                 span.hint { (r.source) " · " (r.purpose.as_deref().unwrap_or("")) " · " (r.message_type.as_deref().unwrap_or("text")) " · to " (r.recipient.as_deref().unwrap_or("")) }
                 pre.message { (r.text.as_deref().unwrap_or("(no text)")) }
             }
-            td { code { (r.policy) } br; (r.reason) br; span.hint { "risk " (r.risk_score) } }
+            td.long { code { (r.policy) } br; (r.reason) br; span.hint { "risk " (r.risk_score) } }
             td {
                 @if r.status == "pending" {
                     form.stack method="post" action=(format!("/operator/reviews/{}/decide", r.id)) {
@@ -201,7 +201,7 @@ async fn policies_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) ->
                         tbody {
                             @for m in &status.modules {
                                 tr {
-                                    td { (m.name) @if m.pinned { " " (views::badge("rolled back", "warn")) } }
+                                    td.long { (m.name) @if m.pinned { " " (views::badge("rolled back", "warn")) } }
                                     td { (m.version) }
                                     td { code title=(m.sha256) { (m.sha256.get(..12).unwrap_or(&m.sha256)) } }
                                     td { (m.stages.join(", ")) }

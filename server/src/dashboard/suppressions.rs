@@ -75,7 +75,7 @@ async fn render(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) -> Result
                     @for s in &rows {
                         tr {
                             td { code { (s.phone) } }
-                            td { (s.reason) }
+                            td.long { (s.reason) }
                             td { (views::badge(&s.source, if s.source == "opt_out" { "warn" } else { "muted" })) }
                             td { (when(s.created_at)) }
                             td { @if may { (views::button_form("/suppressed-recipients/remove", &viewer.csrf, "Remove", &[("phone", &s.phone)], "secondary")) } }

@@ -77,7 +77,7 @@ fn user_row(viewer: &Viewer, u: &DashUser, grantable: &[Role]) -> Markup {
     };
     html! {
         tr {
-            td { (u.email) @if u.id == viewer.user.id { " (you)" } }
+            td.long { (u.email) @if u.id == viewer.user.id { " (you)" } }
             td {
                 @if manageable {
                     form.inline method="post" action=(format!("/users/{}/role", u.id)) {

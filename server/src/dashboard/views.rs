@@ -201,3 +201,14 @@ pub fn trusted_svg(svg: &str) -> PreEscaped<String> {
 pub fn badge(text: &str, kind: &str) -> Markup {
     html! { span class=(format!("badge {kind}")) { (text) } }
 }
+
+/// A long text folded into a `<details>` after `short` characters, so a table keeps its
+/// width: the start as the summary, the whole text when opened.
+pub fn folded(text: &str, short: usize) -> Markup {
+    html! {
+        @if text.chars().count() <= short { (text) }
+        @else {
+            details.fold { summary { (text.chars().take(short).collect::<String>()) "…" } (text) }
+        }
+    }
+}

@@ -46,8 +46,18 @@ pub struct MessageEvent {
     pub event_type: String,
     pub created_at: i64,
     pub delivered_at: Option<i64>,
-    /// (attempted at, HTTP status, succeeded, latency ms, error).
-    pub attempts: Vec<(i64, Option<i64>, bool, Option<i64>, Option<String>)>,
+    pub attempts: Vec<EventAttempt>,
+}
+
+/// One delivery attempt of a message's event.
+#[derive(Clone, Debug)]
+pub struct EventAttempt {
+    pub at: i64,
+    /// The endpoint's HTTP status, when it answered.
+    pub status: Option<i64>,
+    pub succeeded: bool,
+    pub latency_ms: Option<i64>,
+    pub error: Option<String>,
 }
 
 fn log_columns() -> String {
@@ -162,13 +172,13 @@ impl Store {
             .await?
             .iter()
             .map(|a| {
-                Ok((
-                    a.try_get("attempted_at")?,
-                    a.try_get("status_code")?,
-                    a.try_get::<Option<i64>, _>("succeeded")?.unwrap_or(0) != 0,
-                    a.try_get("latency_ms")?,
-                    a.try_get("error")?,
-                ))
+                Ok(EventAttempt {
+                    at: a.try_get("attempted_at")?,
+                    status: a.try_get("status_code")?,
+                    succeeded: a.try_get::<Option<i64>, _>("succeeded")?.unwrap_or(0) != 0,
+                    latency_ms: a.try_get("latency_ms")?,
+                    error: a.try_get("error")?,
+                })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
             events.push(MessageEvent {
