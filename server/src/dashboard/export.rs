@@ -13,28 +13,60 @@ use tokio::sync::mpsc;
 /// Rows read per page.
 pub const PAGE_ROWS: i64 = 1_000;
 
-/// A body of the chunks a producer sends; ends when the producer does.
-struct ChannelBody(mpsc::Receiver<Bytes>);
+/// What a producer sends down the channel: a page, or the end of a complete export.
+enum Piece {
+    Page(Bytes),
+    Done,
+}
+
+/// The export stopped before its end (the store failed, or the producer panicked): the
+/// body ends with an error, so the connection is cut and no client takes a truncated
+/// file for a whole one.
+#[derive(Debug, thiserror::Error)]
+#[error("the export stopped before its end")]
+struct ExportCut;
+
+/// A body of the pages a producer sends; ends when the producer says it is done.
+struct ChannelBody {
+    rx: mpsc::Receiver<Piece>,
+    done: bool,
+}
 
 impl http_body::Body for ChannelBody {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = ExportCut;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        self.0.poll_recv(cx).map(|chunk| chunk.map(|c| Ok(http_body::Frame::data(c))))
+        if self.done {
+            return Poll::Ready(None);
+        }
+        self.rx.poll_recv(cx).map(|piece| match piece {
+            Some(Piece::Page(page)) => Some(Ok(http_body::Frame::data(page))),
+            Some(Piece::Done) => {
+                self.done = true;
+                None
+            }
+            None => Some(Err(ExportCut)),
+        })
     }
 }
 
-/// Where a producer writes its CSV: a page at a time.
-pub struct Sink(mpsc::Sender<Bytes>);
+/// Where a producer writes its CSV: a page at a time, then `done`. A producer that
+/// returns without `done` cuts the download.
+pub struct Sink(mpsc::Sender<Piece>);
 
 impl Sink {
     /// Sends one page; false when the browser went away (stop reading).
     pub async fn send(&self, page: Vec<u8>) -> bool {
-        self.0.send(Bytes::from(page)).await.is_ok()
+        self.0.send(Piece::Page(Bytes::from(page))).await.is_ok()
+    }
+
+    /// The export is complete.
+    pub async fn done(self) {
+        let _ = self.0.send(Piece::Done).await;
     }
 }
 
@@ -46,7 +78,7 @@ where
 {
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(produce(Sink(tx)));
-    let mut response = Response::new(Body::wrap(ChannelBody(rx)));
+    let mut response = Response::new(Body::wrap(ChannelBody { rx, done: false }));
     *response.status_mut() = StatusCode::OK;
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/csv; charset=utf-8"));
@@ -78,6 +110,40 @@ pub fn cell(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Body as _;
+
+    /// The body's bytes, and whether it ended cleanly (the producer writes fewer pages
+    /// than the channel holds, so it runs first).
+    async fn drain(produce: impl AsyncFnOnce(Sink)) -> (Vec<u8>, bool) {
+        let (tx, rx) = mpsc::channel(4);
+        produce(Sink(tx)).await;
+        let mut body = ChannelBody { rx, done: false };
+        let mut out = Vec::new();
+        let clean = loop {
+            match std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+                Some(Ok(frame)) => out.extend_from_slice(&frame.into_data().unwrap()),
+                Some(Err(_)) => break false,
+                None => break true,
+            }
+        };
+        (out, clean)
+    }
+
+    #[tokio::test]
+    async fn an_export_that_stops_early_ends_in_an_error_not_a_short_file() {
+        let whole = drain(async |sink: Sink| {
+            sink.send(b"a\n".to_vec()).await;
+            sink.send(b"b\n".to_vec()).await;
+            sink.done().await;
+        })
+        .await;
+        assert_eq!(whole, (b"a\nb\n".to_vec(), true));
+        let cut = drain(async |sink: Sink| {
+            sink.send(b"a\n".to_vec()).await; // then the store fails: no done
+        })
+        .await;
+        assert_eq!(cut, (b"a\n".to_vec(), false));
+    }
 
     #[test]
     fn cells_that_would_be_formulas_are_defused_and_numbers_are_not() {

@@ -95,8 +95,11 @@ async fn inbound_export_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
                 };
                 let page = csv_page(&rows, &names, first);
                 first = false;
-                if !sink.send(page).await || (rows.len() as i64) < PAGE_ROWS {
-                    return;
+                if !sink.send(page).await {
+                    return; // the browser went away
+                }
+                if (rows.len() as i64) < PAGE_ROWS {
+                    return sink.done().await;
                 }
                 before = rows.last().map(|r| r.id);
             }

@@ -8,6 +8,7 @@
 //! with `=`, `+`, `-`, `@`) get a leading apostrophe (OWASP CSV injection), except the
 //! phone, whose `+` is part of E.164 and never a formula with text in it.
 
+use super::export::cell;
 use super::roles::Action;
 use super::session::{self, Viewer};
 use super::views::{self, Notice};
@@ -205,11 +206,6 @@ async fn suppressions_import_post(rqctx: Ctx, body: UntypedBody) -> Result<Respo
         Ok(html(StatusCode::OK, render(&rqctx, &viewer, Some(&notice)).await?))
     })
     .await
-}
-
-/// A text cell a spreadsheet will not run as a formula.
-fn cell(text: &str) -> String {
-    if text.starts_with(['=', '+', '-', '@', '\t', '\r']) { format!("'{text}") } else { text.to_string() }
 }
 
 /// Exports the whole list as CSV.
