@@ -90,6 +90,46 @@ where
     response
 }
 
+/// A keyset-paged export as a download: `read(before)` gives up to `PAGE_ROWS` rows
+/// older than the key `before` (newest first), `key` a row's key, `render(rows,
+/// header)` a page's CSV. Pages are sent as they are read until a short page ends the
+/// export; a store error is logged and cuts the download.
+pub fn paged<R, Read, Fut>(
+    filename: &str,
+    log: slog::Logger,
+    read: Read,
+    key: fn(&R) -> i64,
+    render: impl Fn(&[R], bool) -> Vec<u8> + Send + 'static,
+) -> Response<Body>
+where
+    R: Send + 'static,
+    Read: Fn(Option<i64>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Vec<R>, crate::store::StoreError>> + Send,
+{
+    let what = filename.to_string();
+    stream(filename, move |sink| async move {
+        let mut before = None;
+        let mut first = true;
+        loop {
+            let rows = match read(before).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    slog::error!(log, "export failed"; "export" => &what, "error" => %e);
+                    return;
+                }
+            };
+            if !sink.send(render(&rows, first)).await {
+                return; // the browser went away
+            }
+            first = false;
+            if (rows.len() as i64) < PAGE_ROWS {
+                return sink.done().await;
+            }
+            before = rows.last().map(key);
+        }
+    })
+}
+
 /// A cell as a spreadsheet may safely open it: text that would start a formula (`=`,
 /// `@`, a tab, a carriage return, or `+`/`-` not followed by a number) gets a leading
 /// apostrophe. Phone numbers (`+14155550123`) stay as they are.

@@ -82,28 +82,17 @@ async fn inbound_export_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
         let store = rqctx.context().store.clone();
         let log = rqctx.log.clone();
         let names: HashMap<String, String> = instances.into_iter().collect();
-        Ok(export::stream("inbound.csv", move |sink| async move {
-            let mut before = None;
-            let mut first = true;
-            loop {
-                let rows = match store.inbound_page(&customer, instance.as_deref(), before, PAGE_ROWS).await {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        slog::error!(log, "inbound export failed"; "error" => %e);
-                        return;
-                    }
-                };
-                let page = csv_page(&rows, &names, first);
-                first = false;
-                if !sink.send(page).await {
-                    return; // the browser went away
-                }
-                if (rows.len() as i64) < PAGE_ROWS {
-                    return sink.done().await;
-                }
-                before = rows.last().map(|r| r.id);
-            }
-        }))
+        let read = move |before| {
+            let (store, customer, instance) = (store.clone(), customer.clone(), instance.clone());
+            async move { store.inbound_page(&customer, instance.as_deref(), before, PAGE_ROWS).await }
+        };
+        Ok(export::paged(
+            "inbound.csv",
+            log,
+            read,
+            |r: &InboundRow| r.id,
+            move |rows, header| csv_page(rows, &names, header),
+        ))
     })
     .await
 }

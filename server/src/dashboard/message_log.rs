@@ -302,28 +302,17 @@ async fn messages_export_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
         let store = rqctx.context().store.clone();
         let log = rqctx.log.clone();
         let names: HashMap<String, String> = instances.into_iter().collect();
-        Ok(export::stream("message-log.csv", move |sink| async move {
-            let mut before = None;
-            let mut first = true;
-            loop {
-                let rows = match store.message_log_page(&customer, &filter, before, PAGE_ROWS).await {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        slog::error!(log, "message log export failed"; "error" => %e);
-                        return;
-                    }
-                };
-                let page = csv_page(&rows, &names, first);
-                first = false;
-                if !sink.send(page).await {
-                    return; // the browser went away
-                }
-                if (rows.len() as i64) < PAGE_ROWS {
-                    return sink.done().await;
-                }
-                before = rows.last().map(|r| r.id);
-            }
-        }))
+        let read = move |before| {
+            let (store, customer, filter) = (store.clone(), customer.clone(), filter.clone());
+            async move { store.message_log_page(&customer, &filter, before, PAGE_ROWS).await }
+        };
+        Ok(export::paged(
+            "message-log.csv",
+            log,
+            read,
+            |r: &LogRow| r.id,
+            move |rows, header| csv_page(rows, &names, header),
+        ))
     })
     .await
 }
