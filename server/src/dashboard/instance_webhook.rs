@@ -4,11 +4,11 @@
 //! disabled-endpoint banner.
 
 use super::charts::{self, Series};
-use super::instances::{InstancePath, Tab, manage_page, owned};
+use super::instances::{InstancePath, Tab, manage_page, owned_post};
 use super::roles::Action;
-use super::session::{self, Viewer};
+use super::session::Viewer;
 use super::views::{self, Notice};
-use super::{Ctx, DashError, Form, PAGE_SIZE, before_id, html, page, query, redirect, when};
+use super::{Ctx, DashError, PAGE_SIZE, before_id, html, page, query, redirect, when};
 use crate::ops::{self, SecretChoice};
 use crate::store::{Instance, WebhookEndpoint, now_ms};
 use dropshot::{Body, HttpError, Path, UntypedBody, endpoint};
@@ -165,9 +165,8 @@ async fn webhook_result(
 #[endpoint { method = POST, path = "/instances/{id}/webhook", unpublished = true }]
 async fn webhook_post(rqctx: Ctx, path: Path<InstancePath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ConfigureWebhook).await?;
-        let instance = owned(&rqctx, &viewer, &path.into_inner().id).await?;
+        let (form, viewer, instance) =
+            owned_post(&rqctx, &body, &path.into_inner().id, Action::ConfigureWebhook).await?;
         let state = rqctx.context();
         let events = form.checked("ev_").join(",");
         let choice = if form.get("signing") == "unsigned" { SecretChoice::None } else { SecretChoice::Keep };
@@ -195,9 +194,7 @@ async fn webhook_rotate_post(
     body: UntypedBody,
 ) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ConfigureWebhook).await?;
-        let instance = owned(&rqctx, &viewer, &path.into_inner().id).await?;
+        let (_, viewer, instance) = owned_post(&rqctx, &body, &path.into_inner().id, Action::ConfigureWebhook).await?;
         let rotated = ops::rotate_webhook_secret(&rqctx.context().store, &instance.id).await?;
         info!(rqctx.log, "webhook secret rotated"; "user_id" => &viewer.user.id, "instance_id" => &instance.id);
         let extra = rotated["secret"].as_str().map(|s| views::shown_once("New signing secret", s));
@@ -215,9 +212,7 @@ async fn webhook_enable_post(
     body: UntypedBody,
 ) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ConfigureWebhook).await?;
-        let instance = owned(&rqctx, &viewer, &path.into_inner().id).await?;
+        let (_, _, instance) = owned_post(&rqctx, &body, &path.into_inner().id, Action::ConfigureWebhook).await?;
         rqctx.context().store.enable_webhook(&instance.id).await?;
         Ok(redirect(&format!("/instances/{}/manage?tab=webhook&done=webhook_enabled", instance.id)))
     })
@@ -232,9 +227,7 @@ async fn webhook_test_post(
     body: UntypedBody,
 ) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ConfigureWebhook).await?;
-        let instance = owned(&rqctx, &viewer, &path.into_inner().id).await?;
+        let (_, viewer, instance) = owned_post(&rqctx, &body, &path.into_inner().id, Action::ConfigureWebhook).await?;
         let state = rqctx.context();
         let attempt = ops::webhook_attempt_now(&state.store, &state.config, Some(&instance.id), None).await?;
         webhook_result(&rqctx, &viewer, &instance, StatusCode::OK, attempt_notice("Test event", &attempt), None).await
@@ -260,9 +253,8 @@ async fn webhook_resend_post(
     body: UntypedBody,
 ) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ConfigureWebhook).await?;
-        let instance = owned(&rqctx, &viewer, &path.into_inner().id).await?;
+        let (form, viewer, instance) =
+            owned_post(&rqctx, &body, &path.into_inner().id, Action::ConfigureWebhook).await?;
         let state = rqctx.context();
         let event_id: i64 = form.get("event").parse().map_err(|_| DashError::NotFound)?;
         let event = state.store.outbox_event(event_id).await?.ok_or(DashError::NotFound)?;

@@ -37,6 +37,20 @@ pub(super) async fn owned(rqctx: &Ctx, viewer: &Viewer, id: &str) -> Result<Inst
     }
 }
 
+/// A POST about one of the viewer's instances: the form, the viewer (CSRF and `action`
+/// checked) and the instance (404 when it is another customer's).
+pub(super) async fn owned_post(
+    rqctx: &Ctx,
+    body: &UntypedBody,
+    id: &str,
+    action: Action,
+) -> Result<(Form, Viewer, Instance), DashError> {
+    let form = Form::parse(rqctx, body)?;
+    let viewer = session::post_viewer(rqctx, &form, action).await?;
+    let instance = owned(rqctx, &viewer, id).await?;
+    Ok((form, viewer, instance))
+}
+
 /// How a lifecycle state is shown.
 fn lifecycle_label(lifecycle: &str) -> &'static str {
     match lifecycle {
@@ -301,9 +315,7 @@ async fn status_get(rqctx: Ctx, path: Path<InstancePath>) -> Result<Response<Bod
 #[endpoint { method = POST, path = "/instances/{id}/pair", unpublished = true }]
 async fn pair_post(rqctx: Ctx, path: Path<InstancePath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::PairInstance).await?;
-        let instance = owned(&rqctx, &viewer, &path.into_inner().id).await?;
+        let (form, viewer, instance) = owned_post(&rqctx, &body, &path.into_inner().id, Action::PairInstance).await?;
         let state = rqctx.context();
         let number = form.opt("number").map(ops::phone_arg).transpose()?;
         let answer = ops::instance_qr(&state.store, &state.config, &instance.id, number.as_deref()).await?;
@@ -338,9 +350,7 @@ async fn confirm_pairing_post(
     body: UntypedBody,
 ) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::PairInstance).await?;
-        let instance = owned(&rqctx, &viewer, &path.into_inner().id).await?;
+        let (_, _, instance) = owned_post(&rqctx, &body, &path.into_inner().id, Action::PairInstance).await?;
         ops::confirm_pairing(&rqctx.context().store, &instance.id).await?;
         Ok(redirect(&format!("/instances/{}/manage?done=connected", instance.id)))
     })
@@ -355,9 +365,7 @@ async fn logout_instance_post(
     body: UntypedBody,
 ) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::PairInstance).await?;
-        let instance = owned(&rqctx, &viewer, &path.into_inner().id).await?;
+        let (_, _, instance) = owned_post(&rqctx, &body, &path.into_inner().id, Action::PairInstance).await?;
         let state = rqctx.context();
         ops::logout_instance(&state.store, &state.config, &instance.id).await?;
         Ok(redirect(&format!("/instances/{}/manage?done=logged_out", instance.id)))
@@ -369,9 +377,7 @@ async fn logout_instance_post(
 #[endpoint { method = POST, path = "/instances/{id}/test-send", unpublished = true }]
 async fn test_send_post(rqctx: Ctx, path: Path<InstancePath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::TestSend).await?;
-        let instance = owned(&rqctx, &viewer, &path.into_inner().id).await?;
+        let (form, viewer, instance) = owned_post(&rqctx, &body, &path.into_inner().id, Action::TestSend).await?;
         let state = rqctx.context();
         let input = SendInput {
             customer_id: instance.customer_id.clone(),
