@@ -95,11 +95,6 @@ impl RunningServer {
         self.http.local_addr()
     }
 
-    /// The address of the metrics listener, when it runs.
-    pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics.as_ref().map(|m| m.local_addr())
-    }
-
     /// Reads the certificate and key files again and serves them to new connections;
     /// connections already open keep theirs. A pair that does not load is refused and
     /// the current one stays.

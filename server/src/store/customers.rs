@@ -522,17 +522,6 @@ impl Store {
         self.instance(id).await
     }
 
-    /// Records a new connection state.
-    pub async fn set_connection_state(&self, id: &str, state: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE instances SET connection_state = $2 WHERE id = $1")
-            .bind(id)
-            .bind(state)
-            .execute(&self.write)
-            .await?;
-        self.forget_cached();
-        Ok(())
-    }
-
     /// Adds (or updates the reason of) a suppressed recipient.
     pub async fn add_suppression(
         &self,

@@ -5,7 +5,7 @@
 //! bounded by a time window; aggregated in SQL where both databases agree, in Rust
 //! where a rule sits inside the policy trace.
 
-use super::{Store, StoreError, now_ms};
+use super::{Store, StoreError};
 use sqlx::Row;
 use std::collections::BTreeMap;
 
@@ -291,11 +291,6 @@ impl Store {
             outbox_pending: pending.max(0) as u64,
             outbox_oldest_at: oldest,
         })
-    }
-
-    /// `fleet` now.
-    pub async fn fleet_now(&self) -> Result<Fleet, StoreError> {
-        self.fleet(now_ms()).await
     }
 }
 
