@@ -73,9 +73,12 @@ impl Client {
 
 /// The gateway's error body on a failed call.
 ///
-/// Retry decisions use progenitor-client's own `Error::is_retryable` (transport
-/// failures, 408, 429, 502, 503, 504): throttling, quota and provider failures may pass
-/// later unchanged; validation, auth, policy and other 4xx answers will not.
+/// Retrying a send: with an idempotency key every answer may be retried
+/// (`Client::message_send_exactly_once`); without one, only an answer that proves
+/// nothing was sent (`retry_without_key_is_safe`). progenitor-client's own
+/// `Error::is_retryable` (transport failures, 408, 429, 502, 503, 504) is not a safe
+/// test for an unkeyed send: a lost answer or a 502 `provider_outcome_unknown` may mean
+/// the message is out.
 pub trait ErrorExt {
     /// The error body, when the gateway answered with one.
     fn error_body(&self) -> Option<&types::ErrorBody>;
@@ -107,7 +110,9 @@ pub mod events {
 }
 
 mod retry;
-pub use retry::{IDEMPOTENCY_KEY_HEADER, REPLAYED_HEADER, RetryPolicy, new_idempotency_key, was_replayed};
+pub use retry::{
+    IDEMPOTENCY_KEY_HEADER, REPLAYED_HEADER, RetryPolicy, new_idempotency_key, retry_without_key_is_safe, was_replayed,
+};
 
 mod webhook;
 pub use webhook::{SignatureError, sign_for_tests, verify_signature, verify_signature_at};

@@ -112,6 +112,29 @@ impl Client {
     }
 }
 
+/// Whether a send that failed with `error` may be sent again *without* an idempotency
+/// key: only when the answer proves that nothing was sent. That is 429 (throttled or
+/// over a quota), 503 `service_unavailable` (the database was out of reach before the
+/// provider was called) and a 502 whose `details.reason` is not
+/// `provider_outcome_unknown` (the provider refused the message). A lost answer (a
+/// broken connection, a timeout, a load balancer's own 502, 503 or 504), a 500 and a
+/// 502 `provider_outcome_unknown` are not: the message may be out, and only a retry
+/// with the same key (`message_send_exactly_once`) is safe.
+pub fn retry_without_key_is_safe(error: &Error<types::ErrorBody>) -> bool {
+    match error {
+        Error::ErrorResponse(rv) => match rv.status().as_u16() {
+            429 => true,
+            503 => rv.error == "service_unavailable",
+            502 => {
+                rv.error == "gateway_send_failed"
+                    && rv.details.get("reason").and_then(|r| r.as_str()) != Some("provider_outcome_unknown")
+            }
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 /// Whether an error is worth a retry with the same key (`Some`), and the wait the
 /// gateway asked for, if it did.
 fn retry_wait(error: &Error<types::ErrorBody>) -> Option<Option<Duration>> {

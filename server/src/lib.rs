@@ -86,6 +86,8 @@ pub struct RunningServer {
     workers: Vec<JoinHandle<()>>,
     dispatcher: Option<webhooks::DispatcherHandle>,
     policies: Option<policy::reload::PolicyControl>,
+    /// Settles still retrying in the background (see `send::settle`).
+    settling: Arc<send::settle::Settling>,
     log: Logger,
 }
 
@@ -116,7 +118,9 @@ impl RunningServer {
         self.policies.as_ref()
     }
 
-    /// Stops accepting, lets requests in flight finish, stops workers, closes the store.
+    /// Stops accepting, lets requests in flight finish (and the settles they left to the
+    /// background, for up to 10 s), stops workers, gives the process's lease up (what
+    /// is still pending is then orphaned at once), closes the store.
     pub async fn close(self) -> Result<(), String> {
         let result = self.http.close().await;
         if let Some(metrics) = self.metrics {
@@ -125,8 +129,15 @@ impl RunningServer {
         if let Some(dispatcher) = self.dispatcher {
             dispatcher.shutdown().await;
         }
+        if !self.settling.drained(Duration::from_secs(10)).await {
+            warn!(self.log, "settles still failing at shutdown; their rows become unknown";
+                  "count" => self.settling.running());
+        }
         for worker in &self.workers {
             worker.abort();
+        }
+        if let Err(e) = self.store.release_lease().await {
+            warn!(self.log, "giving the process lease up failed"; "error" => %e);
         }
         self.store.close().await;
         info!(self.log, "gateway stopped");
@@ -159,7 +170,8 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     let options = config.store_options();
     let store =
         Store::open_with(&config.database_url, config.database_max_connections, Some(store_log), options).await?;
-    let mut workers = Vec::new();
+    // The lease first: every attempt this process begins names it (see store::leases).
+    let mut workers = vec![store.hold_lease(log.new(slog::o!("component" => "lease"))).await?];
     let (engine, policies): (Arc<dyn policy::PolicyEngine>, _) = match parts.policy {
         Some(engine) => (engine, None),
         None => {
@@ -174,6 +186,7 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     };
     let send_log = log.new(slog::o!("component" => "send"));
     let sender = send::Sender::new(store.clone(), parts.provider, engine, config.clone(), send_log);
+    let settling = sender.settling();
     let mut state = state::AppState::new(store.clone(), sender, config.clone());
     state.policies = policies.clone();
     let state = Arc::new(state);
@@ -222,7 +235,7 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     });
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
           "provider" => &config.provider, "https" => tls.is_some());
-    Ok(RunningServer { http, metrics, tls, store, workers, dispatcher, policies, log })
+    Ok(RunningServer { http, metrics, tls, store, workers, dispatcher, policies, settling, log })
 }
 
 /// Tells customers of connection changes once they have held for the debounce period,
@@ -253,9 +266,10 @@ fn spawn_provider_watch(store: Store, config: &Config, log: Logger) -> JoinHandl
 }
 
 /// Attempts left pending by a process that stopped while the provider call was in
-/// flight become `unknown` (they may have been sent), and their idempotency keys get
-/// that answer: at start and every few seconds, by whichever replica gets there first
-/// (the update is conditional, so replicas never settle one row twice).
+/// flight (its lease lapsed: see `store::leases`) become `unknown` (they may have been
+/// sent), and their idempotency keys get that answer: at start and every second, by
+/// whichever replica gets there first (the update is conditional, so replicas never
+/// settle one row twice).
 fn spawn_orphan_sweep(store: Store, log: Logger) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(ORPHAN_SWEEP_INTERVAL);
@@ -271,8 +285,8 @@ fn spawn_orphan_sweep(store: Store, log: Logger) -> JoinHandle<()> {
     })
 }
 
-/// How often pending attempts past their deadline are looked for.
-const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_secs(2);
+/// How often attempts of stopped processes are looked for.
+const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Deletes rows past their retention (`store::retention`) every 10 minutes, the first
 /// time a minute after start.

@@ -9,55 +9,7 @@ mod common;
 use common::{Db, free_port, gateway, run_json};
 use serde_json::{Value, json};
 use std::process::Child;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpStream};
-
-/// A TCP proxy to PostgreSQL that the test can cut (every connection closed, new ones
-/// closed at once) and restore.
-struct Proxy {
-    port: u16,
-    cut: Arc<AtomicBool>,
-    connections: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
-}
-
-impl Proxy {
-    async fn start(upstream: String) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let connections = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (c, conns) = (cut.clone(), connections.clone());
-        tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                if c.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
-                }
-                let upstream = upstream.clone();
-                let task = tokio::spawn(async move {
-                    if let Ok(mut server) = TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                    }
-                });
-                conns.lock().unwrap().push(task.abort_handle());
-            }
-        });
-        Proxy { port, cut, connections }
-    }
-
-    fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        for c in self.connections.lock().unwrap().drain(..) {
-            c.abort();
-        }
-    }
-
-    fn restore(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-}
 
 async fn serve(url: &str, port: u16) -> Child {
     let env = [
@@ -89,16 +41,7 @@ async fn send(port: u16, key: &str, i: usize) -> (u16, Option<String>, Value) {
 async fn a_lost_database_gets_503_in_time_and_service_resumes_without_a_restart() {
     let db = Db::new("outage").await;
     // PostgreSQL through the proxy; SQLite directly.
-    let (url, proxy) = match &db.postgres {
-        Some(_) => {
-            let (_, rest) = db.url.split_once("@").unwrap();
-            let (hostport, name) = rest.split_once('/').unwrap();
-            let proxy = Proxy::start(hostport.to_string()).await;
-            let url = db.url.replace(&format!("@{hostport}/{name}"), &format!("@127.0.0.1:{}/{name}", proxy.port));
-            (url, Some(proxy))
-        }
-        None => (db.url.clone(), None),
-    };
+    let (url, proxy) = db.through_proxy().await;
     let demo = run_json(gateway(&url, &["demo"], &[]));
     let key = demo["api_key"].as_str().unwrap().to_string();
     let port = free_port();

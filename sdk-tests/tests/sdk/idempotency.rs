@@ -212,7 +212,8 @@ async fn an_attempt_orphaned_by_a_dead_process_becomes_unknown_and_answers_its_k
     let cx = TestContext::new("idem_orphan").await;
     let body = message(&cx, PHONE, "orphan");
     // What a process killed at the provider leaves: a claimed key, and its attempt row
-    // pending with a deadline in the past.
+    // pending under its lease, which then lapses (here: is gone). Its deadline (the
+    // provider timeout) has not passed: the lease alone decides.
     let request: gateway_api::SendMessageRequest = serde_json::from_value(body.clone()).unwrap();
     let hash = gateway_server::send::idempotency::request_hash(&request);
     let owner = IdemOwner {
@@ -221,8 +222,10 @@ async fn an_attempt_orphaned_by_a_dead_process_becomes_unknown_and_answers_its_k
         owner: "req_dead".into(),
         request_hash: hash,
     };
-    let past = now_ms() - 60_000;
-    cx.store().claim_idempotency(&owner, past).await.unwrap();
+    let past = now_ms() - 1_000;
+    let dead = gateway_server::store::Store::connect(&cx.config.database_url, 2, None).await.unwrap();
+    dead.take_lease().await.unwrap();
+    dead.claim_idempotency(&owner, past).await.unwrap();
     let entry = LogEntry {
         customer_id: cx.tenant.customer_id.clone(),
         instance_id: Some(cx.tenant.instance_id.clone()),
@@ -233,8 +236,13 @@ async fn an_attempt_orphaned_by_a_dead_process_becomes_unknown_and_answers_its_k
         created_at: past,
         ..LogEntry::default()
     };
-    let begin = Begin { reservations: Vec::new(), entry, deadline_at: past + 1_000, idem: Some(owner) };
-    assert!(matches!(cx.store().begin_attempt(begin).await.unwrap(), Began::Written { .. }));
+    let deadline_at = past + 3_600_000;
+    let begin = Begin { reservations: Vec::new(), entry, deadline_at, idem: Some(owner), owner_lease: None };
+    assert!(matches!(dead.begin_attempt(begin.clone()).await.unwrap(), Began::Written { .. }));
+    // While its process is alive, the retry is told to wait.
+    let wait = send_keyed(&cx, Some("dead"), &body).await;
+    assert_eq!((wait.status, wait.header("retry-after")), (409, Some("1")), "{}", wait.body);
+    dead.release_lease().await.unwrap();
     // The retry is answered at once with the attempt's outcome, never 409 for ever.
     let retry = send_keyed(&cx, Some("dead"), &body).await;
     assert_eq!(retry.status, 502, "{}", retry.body);
@@ -243,9 +251,16 @@ async fn an_attempt_orphaned_by_a_dead_process_becomes_unknown_and_answers_its_k
     let log = rows(&cx).await;
     assert_eq!((log.len(), log[0].status.as_str()), (1, "unknown"));
     assert_eq!(log[0].reason.as_deref(), Some(gateway_server::store::ORPHAN_REASON));
-    // The sweep leaves live attempts alone.
+    // The sweep leaves live attempts alone, however long past their deadline: one of
+    // the serving process (its lease holds), swept by another process.
+    let mut live = begin;
+    live.idem = None;
+    live.deadline_at = past - 60_000;
+    assert!(matches!(cx.store().begin_attempt(live).await.unwrap(), Began::Written { .. }));
     let answer = Answer { status: 502, body: "{}".into() };
-    assert_eq!(cx.store().sweep_orphans(now_ms(), &answer).await.unwrap(), 0);
+    assert_eq!(dead.sweep_orphans(now_ms(), &answer).await.unwrap(), 0);
+    assert_eq!(rows(&cx).await.iter().filter(|r| r.status == "pending").count(), 1);
+    dead.close().await;
     cx.teardown().await;
 }
 
@@ -271,5 +286,34 @@ async fn the_retrying_client_sends_once_through_a_throttle() {
     let sent = cx.client.message_send_exactly_once(&text("main", "+14155550100", "hi"), &RetryPolicy::default()).await;
     assert!(sent.is_ok());
     assert_eq!(sent_rows(&cx).await, 2);
+    cx.teardown().await;
+}
+
+#[tokio::test]
+async fn only_an_answer_that_proves_nothing_was_sent_is_safe_to_retry_without_a_key() {
+    use gateway_client::retry_without_key_is_safe;
+    use gateway_server::provider::simulator::{DROPPED_NUMBER, REFUSED_NUMBER};
+    let cx = TestContext::new("idem_unkeyed").await;
+    let main = cx.tenant.instance_name.clone();
+    // The provider refused it: nothing is out.
+    let refused = cx.client.message_send(&text(&main, REFUSED_NUMBER, "x")).await.unwrap_err();
+    assert!(retry_without_key_is_safe(&refused), "{refused:?}");
+    // The provider may have it: only a keyed retry is safe.
+    let dropped = cx.client.message_send(&text(&main, DROPPED_NUMBER, "x")).await.unwrap_err();
+    assert!(!retry_without_key_is_safe(&dropped), "{dropped:?}");
+    // Throttled: nothing is out.
+    let limits = gateway_server::store::LimitOverrides { recipient_per_minute: Some(1), ..Default::default() };
+    gateway_server::ops::set_limits(cx.store(), &cx.tenant.customer_id, &limits).await.unwrap();
+    cx.client.message_send(&text(&main, PHONE, "first")).await.unwrap();
+    let throttled = cx.client.message_send(&text(&main, PHONE, "second")).await.unwrap_err();
+    assert!(retry_without_key_is_safe(&throttled), "{throttled:?}");
+    // A refusal no retry changes, and a lost answer: not safe.
+    let missing = cx.client.message_send(&text("nope", PHONE, "x")).await.unwrap_err();
+    assert!(!retry_without_key_is_safe(&missing), "{missing:?}");
+    let lost = gateway_client::Client::with_api_key("http://127.0.0.1:9", &cx.tenant.api_key)
+        .message_send(&text(&main, PHONE, "x"))
+        .await
+        .unwrap_err();
+    assert!(!retry_without_key_is_safe(&lost), "{lost:?}");
     cx.teardown().await;
 }

@@ -47,14 +47,32 @@ fn now_s() -> i64 {
 
 /// POSTs raw bytes to the webhook of `id` with these headers.
 async fn post(cx: &TestContext, id: &str, body: impl Into<reqwest::Body>, headers: &[(&str, String)]) -> (u16, Value) {
+    let (status, _, body) = post_with_headers(cx, id, body, headers).await;
+    (status, body)
+}
+
+/// `post`, with the answer's headers.
+async fn post_with_headers(
+    cx: &TestContext,
+    id: &str,
+    body: impl Into<reqwest::Body>,
+    headers: &[(&str, String)],
+) -> (u16, reqwest::header::HeaderMap, Value) {
     let mut request = cx.http.post(format!("{}/integrations/pbx/webhook/{id}", cx.base_url)).body(body);
     for (name, value) in headers {
         request = request.header(*name, value);
     }
     let response = request.send().await.expect("request reaches the gateway");
     let status = response.status().as_u16();
+    let answer_headers = response.headers().clone();
     let text = response.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
+    (status, answer_headers, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
+}
+
+/// `event` (no HMAC), with the answer's headers.
+async fn event_with_headers(cx: &TestContext, pbx: &Pbx, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+    let headers = vec![("x-gateway-3cx-secret", pbx.secret.clone())];
+    post_with_headers(cx, &pbx.id.to_string(), body.to_string().into_bytes(), &headers).await
 }
 
 /// Posts `body` with the secret and, for an HMAC integration, a fresh signature.
@@ -611,12 +629,18 @@ async fn a_repeated_external_message_id_gets_the_first_answer_and_sends_nothing(
     let second = ok(event(&cx, &pbx, &body).await, "message_sent");
     assert_eq!(first, second);
     assert_eq!(provider.texts().len(), 1);
-    // Twenty at once with a new id: one message, twenty identical answers.
+    // Twenty at once with a new id: one message; every other answer is the first's, or
+    // (while the first runs) 409 `idempotency_request_in_progress` at once, never a wait.
     let body = json!({"event_type": "outbound_message", "to": "+14155550401", "message_text": "Hello",
                       "external_message_id": "3cx-msg-2"});
     let answers = futures::future::join_all((0..20).map(|_| event(&cx, &pbx, &body))).await;
-    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
-    assert_eq!(answers[0].1["action"], "message_sent");
+    let sent: Vec<_> = answers.iter().filter(|a| a.0 == 200).collect();
+    assert!(!sent.is_empty() && sent.iter().all(|a| *a == sent[0]), "{answers:?}");
+    assert_eq!(sent[0].1["action"], "message_sent");
+    for (status, answer) in answers.iter().filter(|a| a.0 != 200) {
+        assert_eq!((*status, answer["error"].as_str()), (409, Some("idempotency_request_in_progress")), "{answer}");
+    }
+    assert_eq!(&ok(event(&cx, &pbx, &body).await, "message_sent"), &sent[0].1, "a later repeat: the first answer");
     assert_eq!(provider.texts().len(), 2);
     // A refused first answer is repeated too (and still sends nothing).
     cx.store().add_suppression(&cx.tenant.customer_id, "+14155550402", "test", "manual").await.unwrap();
@@ -631,10 +655,14 @@ async fn a_repeated_external_message_id_gets_the_first_answer_and_sends_nothing(
 
 #[tokio::test]
 async fn an_external_message_id_orphaned_by_a_dead_process_gets_a_definite_answer_at_once() {
-    use gateway_server::store::{Began, Begin, IdemOwner, LogEntry, PbxEvent};
+    use gateway_server::store::{Began, Begin, IdemOwner, LogEntry, PbxEvent, Store};
     let (cx, provider) = recording_context("pbx_orphan").await;
     let pbx = integration(&cx, false).await;
     let past = now_ms() - 60_000;
+    // The process that claims below holds a lease and dies (its lease is gone) before
+    // the repeats: however recent its claims, they are orphans at once.
+    let dead = Store::connect(&cx.config.database_url, 2, None).await.unwrap();
+    dead.take_lease().await.unwrap();
     let orphan = |external: &str| PbxEvent {
         integration_id: pbx.id,
         customer_id: cx.tenant.customer_id.clone(),
@@ -645,8 +673,19 @@ async fn an_external_message_id_orphaned_by_a_dead_process_gets_a_definite_answe
         created_at: past,
         ..PbxEvent::default()
     };
+    // Alive: a repeat is told at once that the first request is in progress.
+    assert!(cx.store().claim_pbx_external_id(&orphan("3cx-live")).await.unwrap().is_ok());
+    let body = json!({"event_type": "outbound_message", "to": "+14155550409", "message_text": "On our way",
+                      "external_message_id": "3cx-live"});
+    let started = std::time::Instant::now();
+    let (status, headers, answer) = event_with_headers(&cx, &pbx, &body).await;
+    assert_eq!((status, answer["error"].as_str()), (409, Some("idempotency_request_in_progress")), "{answer}");
+    assert_eq!(headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "no wait for a live request");
+
     // Killed before its send: nothing went out, so the repeat runs the event itself.
-    assert!(cx.store().claim_pbx_external_id(&orphan("3cx-dead-1")).await.unwrap().is_ok());
+    assert!(dead.claim_pbx_external_id(&orphan("3cx-dead-1")).await.unwrap().is_ok());
+    dead.release_lease().await.unwrap();
     let body = json!({"event_type": "outbound_message", "to": "+14155550410", "message_text": "On our way",
                       "external_message_id": "3cx-dead-1"});
     let started = std::time::Instant::now();
@@ -657,14 +696,15 @@ async fn an_external_message_id_orphaned_by_a_dead_process_gets_a_definite_answe
     assert_eq!(provider.texts().len(), 1, "the repeat of the new answer sends nothing");
 
     // Killed at the provider: its attempt row is pending, so the outcome is unknown.
-    assert!(cx.store().claim_pbx_external_id(&orphan("3cx-dead-2")).await.unwrap().is_ok());
+    dead.take_lease().await.unwrap();
+    assert!(dead.claim_pbx_external_id(&orphan("3cx-dead-2")).await.unwrap().is_ok());
     let key = IdemOwner {
         customer_id: cx.tenant.customer_id.clone(),
         key: format!("pbx:{}:3cx-dead-2", pbx.id),
         owner: "req_dead".into(),
         request_hash: "pbx".into(),
     };
-    cx.store().claim_idempotency(&key, past).await.unwrap();
+    dead.claim_idempotency(&key, past).await.unwrap();
     let entry = LogEntry {
         customer_id: cx.tenant.customer_id.clone(),
         instance_id: Some(cx.tenant.instance_id.clone()),
@@ -675,8 +715,10 @@ async fn an_external_message_id_orphaned_by_a_dead_process_gets_a_definite_answe
         created_at: past,
         ..LogEntry::default()
     };
-    let begin = Begin { reservations: Vec::new(), entry, deadline_at: past + 1_000, idem: Some(key) };
-    assert!(matches!(cx.store().begin_attempt(begin).await.unwrap(), Began::Written { .. }));
+    let begin =
+        Begin { reservations: Vec::new(), entry, deadline_at: past + 1_000, idem: Some(key), owner_lease: None };
+    assert!(matches!(dead.begin_attempt(begin).await.unwrap(), Began::Written { .. }));
+    dead.release_lease().await.unwrap();
     let body = json!({"event_type": "outbound_message", "to": "+14155550411", "message_text": "On our way",
                       "external_message_id": "3cx-dead-2"});
     let started = std::time::Instant::now();

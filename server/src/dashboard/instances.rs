@@ -392,6 +392,7 @@ async fn test_send_post(rqctx: Ctx, path: Path<InstancePath>, body: UntypedBody)
             },
             idempotency: None,
             trace: crate::trace::Trace::new(&rqctx.request_id, rqctx.request.headers()),
+            progress: Default::default(),
         };
         let (status, notice) = match state.sender.send(&input).await {
             Ok(sent) => {

@@ -42,8 +42,14 @@ pub async fn authenticate(
         None => (store.api_key_for_request(&hash).await?.ok_or_else(invalid)?, None),
     };
     if record.revoked_at.is_some() {
-        return Err(ApiError::new(401, "revoked_api_key", "this API key has been revoked")
-            .with_detail("key_prefix", record.prefix.clone()));
+        return Err(revoked(&record));
     }
     Ok((record, snapshot))
+}
+
+/// 401 `revoked_api_key` for this key (also when the send's own read finds it revoked
+/// after the lookup: see `Store::send_context`).
+pub fn revoked(record: &ApiKeyRecord) -> ApiError {
+    ApiError::new(401, "revoked_api_key", "this API key has been revoked")
+        .with_detail("key_prefix", record.prefix.clone())
 }

@@ -27,6 +27,7 @@ impl From<&SendError> for ApiError {
             SendError::PurposeRequired => {
                 ApiError::new(422, code, "message_purpose is required").with_detail("field", "message_purpose")
             }
+            SendError::KeyRevoked => ApiError::new(401, code, "this API key has been revoked"),
             SendError::InvalidInstance => ApiError::new(404, code, "instance not found for this customer"),
             SendError::ActivePlanRequired { plan_status } => {
                 ApiError::new(403, code, "an active plan is required to send")

@@ -11,6 +11,7 @@ mod health;
 pub use crate::state::AppState;
 
 use crate::pbx::{Webhook, WebhookRequest};
+use crate::provider::ProviderError;
 use crate::send::{SendError, SendInput, idempotency};
 use crate::store::{Answer, now_ms};
 use dropshot::{Body, HttpError, Path, RequestContext, endpoint};
@@ -40,12 +41,21 @@ impl GatewayApi for GatewayApiImpl {
         let log = rqctx.log.new(slog::o!("component" => "send"));
         // A backstop: whatever hangs below (a database that stopped answering), the
         // caller gets the error body within the provider timeout plus three database
-        // timeouts. Every 503 carries Retry-After.
+        // timeouts. Before the attempt row, nothing was sent: 503 with Retry-After. After
+        // it, the provider may have the message: the unknown outcome (502, never to be
+        // retried as a new message), which is also what its row and key become (see
+        // `send::settle`).
         let budget = state.config.provider_timeout() + 3 * Duration::from_millis(state.config.database_timeout_ms);
-        let handled = catch_panics(&log, send_message(state, headers, trace, body, log.clone()));
+        let progress = crate::send::settle::Progress::default();
+        let handled = catch_panics(&log, send_message(state, headers, trace, body, progress.clone(), log.clone()));
         match tokio::time::timeout(budget, handled).await {
             Ok(Err(e)) if e.status.as_u16() == 503 => Ok(reply(error::error_answer(&e))),
             Ok(result) => result,
+            Err(_) if progress.begun() => {
+                error!(log, "send did not finish in time; its outcome is unknown"; "budget_ms" => budget.as_millis() as u64);
+                let unknown = ProviderError::OutcomeUnknown(crate::send::CANCELLED_REASON.into());
+                Ok(reply(error::send_answer(&Err(SendError::Provider(unknown)))))
+            }
             Err(_) => {
                 error!(log, "send did not finish in time"; "budget_ms" => budget.as_millis() as u64);
                 Ok(reply(error::error_answer(&error::unavailable("the request did not finish in time"))))
@@ -83,7 +93,7 @@ impl GatewayApi for GatewayApiImpl {
                 WebhookRequest { integration_id: &integration_id, headers: body.headers(), body: &bytes, remote };
             webhook.handle(&request).await
         };
-        // 429 and 503 carry Retry-After; the answer is the same body either way.
+        // 409, 429 and 503 carry Retry-After; the answer is the same body either way.
         let result = catch_panics(&log, handled).await;
         let outcome = match &result {
             Ok(answer) => answer.action.as_str(),
@@ -92,7 +102,7 @@ impl GatewayApi for GatewayApiImpl {
         crate::metrics::get().pbx_events.with_label_values(&[outcome]).inc();
         match result {
             Ok(answer) => Ok(PbxReply::new(200, serde_json::to_string(&answer).unwrap_or_default())),
-            Err(e) if matches!(e.status.as_u16(), 429 | 503) => {
+            Err(e) if matches!(e.status.as_u16(), 409 | 429 | 503) => {
                 let answer = error::error_answer(&e);
                 Ok(with_retry_after(PbxReply::new(answer.status, answer.body)))
             }
@@ -106,6 +116,7 @@ async fn send_message(
     headers: HeaderMap,
     trace: crate::trace::Trace,
     body: JsonBody<SendMessageRequest>,
+    progress: crate::send::settle::Progress,
     log: Logger,
 ) -> Result<SendReply, ApiError> {
     // The idempotency key's state is read with the API key, in one round trip; a
@@ -136,6 +147,7 @@ async fn send_message(
         body: request,
         idempotency: None,
         trace,
+        progress,
     };
     let idem_key = idem_key.map_err(|e| key_refusal("validation_error", e))?;
     if let Some(idem_key) = idem_key {
@@ -143,7 +155,6 @@ async fn send_message(
             store: &state.store,
             render: error::send_answer,
             orphan_answer: error::orphan_answer(),
-            provider_timeout: state.config.provider_timeout(),
         };
         match idempotency::claim(&keys, &key.customer_id, idem_key, &input.body, snapshot).await? {
             idempotency::Outcome::Run(claim) => input.idempotency = Some(claim),
@@ -166,6 +177,10 @@ async fn send_message(
         Ok(sent) => {
             info!(log, "send accepted"; "log_id" => sent.log_id, "message_id" => &sent.message_id, "type" => &sent.message_type);
             error::send_answer(&result)
+        }
+        Err(SendError::KeyRevoked) => {
+            info!(log, "send refused"; "error" => "revoked_api_key");
+            error::error_answer(&auth::revoked(&key))
         }
         Err(e) => {
             let api = ApiError::from(e);

@@ -34,8 +34,6 @@ use std::time::Duration;
 const MAX_TEXT_CHARS: usize = crate::send::MAX_TEXT_CHARS;
 /// Longest value of a field that goes into a template or the log.
 const MAX_FIELD_CHARS: usize = 128;
-/// How often a repeat polls for the first request's result.
-const PENDING_POLL: Duration = Duration::from_millis(50);
 
 /// A webhook request as the HTTP layer read it.
 pub struct WebhookRequest<'a> {
@@ -50,7 +48,8 @@ pub struct Webhook<'a> {
     pub store: &'a Store,
     pub sender: &'a Sender,
     pub settings: &'a PbxSettings,
-    /// How long a repeat waits for the first request with its `external_message_id`.
+    /// How long a first request claimed by a process without a lease may still be
+    /// running (a serving process always holds one; see `store::leases`).
     pub pending_wait: Duration,
     pub log: &'a Logger,
     /// The request's ids, kept in the log row of the send it makes.
@@ -411,6 +410,7 @@ impl Webhook<'_> {
             idempotency: attempt_key
                 .map(|owner| crate::send::Idempotency { owner, render: crate::http::error::send_answer }),
             trace: self.trace.clone(),
+            progress: Default::default(),
         };
         match self.sender.send(&input).await {
             Ok(sent) => Ok(("message_sent", Some(sent.message_id))),
@@ -429,39 +429,36 @@ impl Webhook<'_> {
         }
     }
 
-    /// The answer of the first request with this `external_message_id`, once it has
-    /// one. A first request still pending long after its send would have ended
-    /// belonged to a process that stopped: it is resolved at once, with its attempt.
-    /// If the attempt reached the provider, the answer is an unknown outcome (502
-    /// `provider_outcome_unknown`, kept for later repeats); if it never got there,
-    /// nothing was sent and the id is cleared for this request to run.
+    /// The answer of the first request with this `external_message_id`, at once: its
+    /// stored answer when it has one; 409 `idempotency_request_in_progress` (with
+    /// `Retry-After`, as send-message) while its process is alive; and when its process
+    /// stopped (its lease lapsed: see `store::leases`), the orphan resolved with its
+    /// attempt. If the attempt reached the provider, the answer is an unknown outcome
+    /// (502 `provider_outcome_unknown`, kept for later repeats); if it never got there,
+    /// nothing was sent and the id is cleared for this request to run. No repeat ever
+    /// waits on the first request.
     async fn repeat(&self, first: PbxEvent, phone_field: &'static str) -> Result<Repeat, ApiError> {
-        let deadline = tokio::time::Instant::now() + self.pending_wait;
-        let orphaned_after = self.pending_wait.as_millis() as i64 + crate::send::ORPHAN_MARGIN_MS;
-        let mut event = first;
-        while event.status_code == 0 {
-            if now_ms() - event.created_at > orphaned_after {
-                return self.resolve_orphan(&event, phone_field).await;
+        if first.status_code == 0 {
+            let orphaned = match first.owner_lease {
+                Some(lease) => self.store.lease() != Some(lease) && !self.store.lease_alive(lease).await?,
+                // Claimed by a process without a lease: the clock rule.
+                None => {
+                    now_ms() - first.created_at > self.pending_wait.as_millis() as i64 + crate::send::ORPHAN_MARGIN_MS
+                }
+            };
+            if orphaned {
+                return self.resolve_orphan(&first, phone_field).await;
             }
-            if tokio::time::Instant::now() >= deadline {
-                let e = ApiError::internal("the first request with this external_message_id is still running");
-                return Ok(Repeat::Answer(Err(e)));
-            }
-            tokio::time::sleep(PENDING_POLL).await;
-            let external = event.external_message_id.clone().unwrap_or_default();
-            match self.store.pbx_event_by_external_id(event.integration_id, &external).await? {
-                Some(e) => event = e,
-                // The first request failed unexpectedly and gave the id back.
-                None => return Ok(Repeat::Cleared),
-            }
+            let e = crate::http::error::pbx_send_error(SendError::IdempotencyInProgress, phone_field);
+            return Ok(Repeat::Answer(Err(e)));
         }
-        let stored = event.response.as_deref().unwrap_or("{}");
-        Ok(Repeat::Answer(if event.status_code == 200 {
+        let stored = first.response.as_deref().unwrap_or("{}");
+        Ok(Repeat::Answer(if first.status_code == 200 {
             serde_json::from_str(stored).map_err(|e| ApiError::internal(format!("stored PBX answer: {e}")))
         } else {
             let body: ErrorBody =
                 serde_json::from_str(stored).map_err(|e| ApiError::internal(format!("stored PBX answer: {e}")))?;
-            Err(ApiError::from_stored(event.status_code as u16, body))
+            Err(ApiError::from_stored(first.status_code as u16, body))
         }))
     }
 

@@ -2,10 +2,10 @@
 //!
 //! The send pipeline talks to a `Provider` only after every check has passed. The
 //! built-in simulator is the default, so the gateway runs with no external service; the
-//! Evolution-compatible adapter implements the same trait in its own issue.
+//! Evolution-compatible adapter (`evolution`) implements the same trait.
 
 pub mod evolution;
-mod simulator;
+pub mod simulator;
 
 pub use simulator::Simulator;
 

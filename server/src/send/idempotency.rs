@@ -7,15 +7,15 @@
 //! same key and the same body gets that answer again and sends nothing; with another
 //! body it is refused (`idempotency_key_reused`); while the first runs it is told to
 //! wait (`idempotency_request_in_progress`). A first request whose process died is
-//! resolved with its attempt: before the provider call the key is free again once its
-//! lease ends; after it, the orphan sweep gives the key the answer of an unknown
-//! outcome, which is what the retry gets.
+//! resolved with its attempt as soon as that process's lease has lapsed (a few seconds,
+//! whatever the provider timeout; see `store::leases`): before the provider call the
+//! key is free again; after it, the retry settles the orphan and gets the answer of an
+//! unknown outcome.
 
 use super::{Idempotency, SendError, Sent};
 use crate::store::{Answer, Claim, IdemOwner, KeySnapshot, Store, StoreError, now_ms};
 use gateway_api::SendMessageRequest;
 use sha2::{Digest, Sha256};
-use std::time::Duration;
 
 /// The request header that carries the key.
 pub const HEADER: &str = "idempotency-key";
@@ -87,10 +87,6 @@ pub struct Keys<'a> {
     pub render: fn(&Result<Sent, SendError>) -> Answer,
     /// The answer an orphaned attempt's key gets.
     pub orphan_answer: &'a Answer,
-    /// How long a first request may still be at the provider; past it (plus the
-    /// orphan margin) its attempt is an orphan and is settled here rather than
-    /// answered 409 for ever.
-    pub provider_timeout: Duration,
 }
 
 /// What to do with a request of `customer_id` that carries `key`. `snapshot` is the
@@ -102,7 +98,7 @@ pub async fn claim(
     request: &SendMessageRequest,
     snapshot: Option<KeySnapshot>,
 ) -> Result<Outcome, StoreError> {
-    let Keys { store, render, orphan_answer, provider_timeout } = *keys;
+    let Keys { store, render, orphan_answer } = *keys;
     let owner = IdemOwner {
         customer_id: customer_id.to_string(),
         key,
@@ -118,12 +114,18 @@ pub async fn claim(
         None => store.idempotency_state(&owner, now).await?,
     };
     let claim = match state {
-        Claim::InProgress { log_id: Some(_), since, .. }
-            if now > since + provider_timeout.as_millis() as i64 + super::ORPHAN_MARGIN_MS =>
-        {
-            // The first request may have died at the provider: settle orphans, look again.
+        // The first request's process stopped at the provider: settle its attempt as
+        // an unknown outcome (the sweep does, for every orphan), and look again.
+        Claim::InProgress { log_id: Some(log_id), .. } if store.attempt_orphaned(log_id).await? => {
             store.sweep_orphans(now, orphan_answer).await?;
             store.idempotency_state(&owner, now).await?
+        }
+        // Its process stopped before its attempt row: nothing was sent, and the key is
+        // free (the attempt's write takes it only if it still is).
+        Claim::InProgress { log_id: None, owner_lease: Some(lease), .. }
+            if store.lease() != Some(lease) && !store.lease_alive(lease).await? =>
+        {
+            Claim::Claimed
         }
         claim => claim,
     };

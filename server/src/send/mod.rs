@@ -1,4 +1,4 @@
-//! The send pipeline: every check of DESIGN.md, in its order, then the provider.
+//! The send pipeline: every check, in its order, then the provider.
 //!
 //! schema (422) → instance (404) → plan and module (403) → paused (423) → purpose policy
 //! (422) → suppression (403) → content policy (403) → velocity (429) → daily and monthly
@@ -9,9 +9,12 @@
 //! that decided (`policy`) and why (`reason`). An allowed send takes its velocity and
 //! quota counters and writes its row as `pending` in one transaction before the
 //! provider call (`Store::begin_attempt`); the provider's answer settles the row
-//! (`sent`, `failed` with the counters given back, or `unknown`). A crash between the
-//! two leaves a pending row that the orphan sweep makes `unknown`: nothing the
-//! provider may have seen is missing from the log, and nothing goes over a limit.
+//! (`sent`, `failed` with the counters given back, or `unknown`), through a guard that
+//! settles it in the background if the store fails or the request goes away
+//! (`settle`). A crash between the two leaves a pending row naming the dead process's
+//! lease, which the orphan sweep makes `unknown` within seconds (`store::leases`):
+//! nothing the provider may have seen is missing from the log, and nothing goes over a
+//! limit.
 //!
 //! A request with an idempotency key takes the key in the write of its attempt row (or
 //! of its refusal's row); its final answer, rendered by the caller's `render`, is kept
@@ -19,6 +22,7 @@
 
 pub mod idempotency;
 pub mod phone;
+pub mod settle;
 
 use crate::config::Config;
 use crate::media::{self, Media};
@@ -31,6 +35,7 @@ use crate::store::{
 use gateway_api::{MediaType, MessagePurpose, SendMessageRequest, events};
 use gateway_policy_model as model;
 use phone::Phone;
+use settle::{Armed, Progress, Settling};
 use std::sync::Arc;
 
 /// Longest text body accepted (the messaging network's own limit).
@@ -42,6 +47,9 @@ const HOUR_MS: i64 = 60 * MINUTE_MS;
 /// How long past the provider timeout a pending attempt is presumed orphaned (its
 /// process stopped mid-call).
 pub const ORPHAN_MARGIN_MS: i64 = 10_000;
+/// The reason an attempt is logged with when its request went away while the provider
+/// call was in flight (the handler's backstop): it may have been sent.
+pub const CANCELLED_REASON: &str = "the request ended while the provider call was in flight; it may have been sent";
 
 /// Why a send did not go out. Mapped to the wire in `http/error.rs`.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +62,10 @@ pub enum SendError {
     MissingMessageText,
     #[error("message_purpose is required")]
     PurposeRequired,
+    /// The request's API key was revoked after it was looked up (the cache's record
+    /// was older than the revocation; the send's own read is not).
+    #[error("the API key has been revoked")]
+    KeyRevoked,
     #[error("instance not found for this customer")]
     InvalidInstance,
     #[error("the customer has no active plan")]
@@ -93,6 +105,7 @@ impl SendError {
             SendError::MissingPhone => "missing_phone",
             SendError::MissingMessageText => "missing_message_text",
             SendError::PurposeRequired => "message_purpose_required",
+            SendError::KeyRevoked => "revoked_api_key",
             SendError::InvalidInstance => "invalid_instance",
             SendError::ActivePlanRequired { .. } => "active_plan_required",
             SendError::ModuleNotEnabled { .. } => "module_not_enabled",
@@ -128,6 +141,7 @@ impl SendError {
             | SendError::MissingPhone
             | SendError::MissingMessageText
             | SendError::PurposeRequired => "gateway/schema".into(),
+            SendError::KeyRevoked => "gateway/auth".into(),
             SendError::InvalidInstance => "gateway/instance".into(),
             SendError::ActivePlanRequired { .. } | SendError::ModuleNotEnabled { .. } => "gateway/plan".into(),
             SendError::Paused { .. } => "gateway/review".into(),
@@ -153,6 +167,8 @@ pub struct SendInput {
     pub idempotency: Option<Idempotency>,
     /// The request's ids, kept in the log row and passed to the provider.
     pub trace: crate::trace::Trace,
+    /// Set once the attempt row is written (the handler's backstop answers by it).
+    pub progress: Progress,
 }
 
 /// A request's idempotency claim and how its answer is rendered for replay (the HTTP
@@ -180,6 +196,8 @@ pub struct Sender {
     config: Arc<Config>,
     /// Fetches media URLs through the SSRF guard.
     fetcher: media::Fetcher,
+    /// Settles still retrying in the background (see `settle`).
+    settling: Arc<Settling>,
     log: slog::Logger,
 }
 
@@ -210,6 +228,8 @@ struct Attempt<'a> {
     review: Option<ReviewItem>,
     /// The pending attempt row, once written.
     log_id: Option<i64>,
+    /// From the attempt row on: what is written if the request goes away first.
+    armed: Option<Armed>,
 }
 
 impl Sender {
@@ -226,7 +246,25 @@ impl Sender {
             std::time::Duration::from_millis(config.media.fetch_timeout_ms),
             log.new(slog::o!("component" => "media")),
         );
-        Sender { store, provider, policy, config, fetcher, log }
+        Sender { store, provider, policy, config, fetcher, settling: Arc::default(), log }
+    }
+
+    /// The settles still retrying in the background (a clean stop waits for them).
+    pub fn settling(&self) -> Arc<Settling> {
+        self.settling.clone()
+    }
+
+    /// Writes an attempt's outcome: through its guard (see `settle`), so that a store
+    /// that fails or is slow leaves the settle to the background and never changes the
+    /// answer.
+    async fn settle(&self, attempt: &mut Attempt<'_>, finish: Finish) -> Result<(), SendError> {
+        match attempt.armed.take() {
+            Some(armed) => {
+                armed.settle(finish, std::time::Duration::from_millis(self.config.database_timeout_ms)).await;
+                Ok(())
+            }
+            None => self.store.settle_attempt(finish).await.map(|_| ()).map_err(SendError::Store),
+        }
     }
 
     /// Runs every check, sends, and writes the attempt's log row (and event).
@@ -251,6 +289,7 @@ impl Sender {
             trace: Vec::new(),
             review: None,
             log_id: None,
+            armed: None,
         };
         let result = self.run(&mut attempt).await;
         let now = now_ms();
@@ -282,7 +321,7 @@ impl Sender {
                     answer: render(&result),
                     ..self.finish(&attempt, log_id, now)
                 };
-                self.store.settle_attempt(finish).await?;
+                self.settle(&mut attempt, finish).await?;
                 if let Some(instance) = attempt.instance.as_ref().filter(|i| i.provider == "simulator") {
                     let recipient = attempt.checked.as_ref().map(|c| c.phone.e164.clone()).unwrap_or_default();
                     self.simulate_statuses(instance, &receipt.message_id, &recipient);
@@ -314,11 +353,13 @@ impl Sender {
                     answer: render(&result),
                     ..self.finish(&attempt, log_id, now)
                 };
-                self.store.settle_attempt(finish).await?;
+                self.settle(&mut attempt, finish).await?;
                 result
             }
             // Not an attempt of its own: the key's first request answers for it.
             (Err(SendError::IdempotencyInProgress), _) => Err(SendError::IdempotencyInProgress),
+            // Not an attempt: the request was not authenticated after all.
+            (Err(SendError::KeyRevoked), _) => Err(SendError::KeyRevoked),
             // A policy decision that did not hold against the counters the send took:
             // its row becomes a refusal and the counters go back.
             (Err(error @ (SendError::PolicyViolation { .. } | SendError::PurposeNotAllowed { .. })), Some(log_id)) => {
@@ -334,7 +375,7 @@ impl Sender {
                     answer: render(&result),
                     ..self.finish(&attempt, log_id, now)
                 };
-                self.store.settle_attempt(finish).await?;
+                self.settle(&mut attempt, finish).await?;
                 result
             }
             (Err(error @ SendError::Store(_)), _) => Err(error),
@@ -384,6 +425,21 @@ impl Sender {
             correlation_id: input.trace.correlation_id.clone(),
             ..LogEntry::default()
         }
+    }
+
+    /// The guard of a just-written attempt row, armed with an unknown outcome: what its
+    /// row becomes if the request goes away before the provider answers.
+    fn arm(&self, a: &Attempt<'_>, log_id: i64, now: i64) -> Armed {
+        let unknown = || SendError::Provider(ProviderError::OutcomeUnknown(CANCELLED_REASON.into()));
+        let finish = Finish {
+            status: "unknown".into(),
+            error_code: Some("gateway_send_failed".into()),
+            policy: Some("gateway/provider".into()),
+            reason: Some(CANCELLED_REASON.into()),
+            answer: a.input.idempotency.as_ref().map(|i| KeyFate::Keep((i.render)(&Err(unknown())))),
+            ..self.finish(a, log_id, now)
+        };
+        Armed::new(finish, self.store.clone(), self.settling.clone(), self.log.new(slog::o!("log_id" => log_id)))
     }
 
     /// The parts of an attempt's `Finish` that do not depend on the outcome.
@@ -454,8 +510,20 @@ impl Sender {
         let checked = self.check_schema(&a.input.body).await?;
         let checked = a.checked.insert(checked);
         let now = now_ms();
-        let SendContext { customer, instance, suppressed, counters, to_recipient_hour } =
-            self.store.send_context(&a.input.customer_id, &checked.instance_ref, &checked.phone.e164, now).await?;
+        let input = a.input;
+        let SendContext { customer, instance, suppressed, counters, to_recipient_hour, key_revoked } = self
+            .store
+            .send_context(
+                &input.customer_id,
+                &checked.instance_ref,
+                &checked.phone.e164,
+                input.api_key_id.as_deref(),
+                now,
+            )
+            .await?;
+        if key_revoked {
+            return Err(SendError::KeyRevoked);
+        }
         let instance = a.instance.insert(instance.ok_or(SendError::InvalidInstance)?);
         let plan_status = customer.plan_status(now);
         if plan_status != PlanStatus::Active {
@@ -530,10 +598,14 @@ impl Sender {
                 entry: pending.clone(),
                 deadline_at: now + timeout.as_millis() as i64 + ORPHAN_MARGIN_MS,
                 idem: a.input.idempotency.as_ref().map(|i| i.owner.clone()),
+                owner_lease: None, // the store's own
             };
             match self.store.begin_attempt(begin).await? {
                 Began::Written { log_id, counts } => {
                     a.log_id = Some(log_id);
+                    let armed = self.arm(a, log_id, now);
+                    a.armed = Some(armed);
+                    a.input.progress.mark_begun();
                     break (reservations, counts);
                 }
                 Began::Limit(hit) if reservations[hit.index].scope.starts_with(PacingScopes::FIRST_CONTACT) => {

@@ -6,9 +6,11 @@
 //! the call started leaves a row. The provider's answer turns the row into `sent`,
 //! `failed` (counters given back) or `unknown` (`finish`), with its event and, for a
 //! request with an idempotency key, the answer to replay, in the same transaction. A
-//! row still `pending` past its deadline (the provider timeout plus a margin) belonged
-//! to a process that stopped mid-call: `sweep_orphans` makes it `unknown` (it may have
-//! been sent) and gives its key the answer of an unknown outcome.
+//! row still `pending` whose owner's lease has lapsed (see `leases`) belonged to a
+//! process that stopped mid-call: `sweep_orphans` makes it `unknown` (it may have been
+//! sent) and gives its key the answer of an unknown outcome. A row of a live owner is
+//! never swept, however long its provider call runs. (A row written without a lease
+//! keeps the clock rule: its deadline, the provider timeout plus a margin.)
 //!
 //! An idempotency key is claimed before the pipeline runs (see `idempotency`): one
 //! conditional upsert, so of concurrent requests with one key exactly one runs. The
@@ -21,6 +23,7 @@ use super::messages::{self, LogEntry, OutboxEvent};
 use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, sqlite_exec, unexpected};
 use super::{Store, StoreError, bind_dollar};
 use rusqlite::types::Value as SqlValue;
+use sqlx::Row;
 
 /// The attempt row and the counters of an allowed send, written before the provider
 /// call.
@@ -29,9 +32,11 @@ pub struct Begin {
     pub reservations: Vec<Reservation>,
     /// The row, with status `pending`.
     pub entry: LogEntry,
-    /// When a row still pending is an orphan.
+    /// When a row still pending is an orphan, if it has no owner lease.
     pub deadline_at: i64,
     pub idem: Option<IdemOwner>,
+    /// The lease of the process that writes it; `Store::begin_attempt` fills it.
+    pub owner_lease: Option<i64>,
 }
 
 /// What `begin` did.
@@ -76,56 +81,122 @@ pub struct Finish {
 const UNDO_PENDING_SQL: &str = "DELETE FROM message_log WHERE id = $1";
 const INSERT_PENDING_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
      recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, \
-     policy_trace, request_id, correlation_id, deadline_at, idem_key) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) RETURNING id";
+     policy_trace, request_id, correlation_id, deadline_at, idem_key, owner_lease) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) RETURNING id";
 const FINISH_SQL: &str = "UPDATE message_log SET status = $2, error_code = $3, policy = $4, reason = $5, \
      provider_message_id = $6, decision = COALESCE($7, decision), deadline_at = NULL \
      WHERE id = $1 AND status = 'pending'";
 const RELEASE_SQL: &str = "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND log_id = $3";
 const ANSWER_SQL: &str = "UPDATE idempotency_keys SET response_status = $4, response_body = $5, lease_until = NULL \
      WHERE customer_id = $1 AND idem_key = $2 AND log_id = $3 AND response_status IS NULL";
+/// A pending row whose owner stopped, on SQLite (`$now`: now, `$own`: this process's
+/// lease, which its own sweep never takes, even while a renewal is late).
+macro_rules! orphaned_sqlite {
+    ($now:literal, $own:literal) => {
+        concat!(
+            "status = 'pending' AND COALESCE(owner_lease, 0) <> ",
+            $own,
+            " AND ((owner_lease IS NULL AND deadline_at < ",
+            $now,
+            ") OR (owner_lease IS NOT NULL AND NOT EXISTS (SELECT 1 FROM process_leases p \
+             WHERE p.id = message_log.owner_lease AND p.expires_at > ",
+            $now,
+            ")))"
+        )
+    };
+}
+/// The same on PostgreSQL, by the database's clock (`gateway_lapsed`, migration 0012).
+macro_rules! orphaned_postgres {
+    ($own:literal) => {
+        concat!(
+            "status = 'pending' AND COALESCE(owner_lease, 0) <> ",
+            $own,
+            " AND gateway_lapsed(owner_lease, deadline_at)"
+        )
+    };
+}
 /// Keys are found from their attempt rows (`message_log.idem_key`), by primary key.
-const ORPHAN_KEYS_SQL: &str = "UPDATE idempotency_keys SET response_status = $1, response_body = $2, \
-     lease_until = NULL WHERE response_status IS NULL AND (customer_id, idem_key) IN \
-     (SELECT customer_id, idem_key FROM message_log WHERE status = 'pending' AND deadline_at < $3 \
-     AND idem_key IS NOT NULL)";
-const ORPHAN_ROWS_SQL: &str = "UPDATE message_log SET status = 'unknown', error_code = 'gateway_send_failed', \
-     policy = 'gateway/provider', reason = $1, deadline_at = NULL WHERE status = 'pending' AND deadline_at < $2";
+macro_rules! orphan_keys {
+    ($orphaned:expr) => {
+        concat!(
+            "UPDATE idempotency_keys SET response_status = $1, response_body = $2, \
+             lease_until = NULL WHERE response_status IS NULL AND (customer_id, idem_key) IN \
+             (SELECT customer_id, idem_key FROM message_log WHERE ",
+            $orphaned,
+            " AND idem_key IS NOT NULL)"
+        )
+    };
+}
+macro_rules! orphan_rows {
+    ($orphaned:expr) => {
+        concat!(
+            "UPDATE message_log SET status = 'unknown', error_code = 'gateway_send_failed', \
+             policy = 'gateway/provider', reason = $1, deadline_at = NULL WHERE ",
+            $orphaned
+        )
+    };
+}
+const ORPHAN_KEYS_SQLITE: &str = orphan_keys!(orphaned_sqlite!("$3", "$4"));
+const ORPHAN_ROWS_SQLITE: &str = orphan_rows!(orphaned_sqlite!("$2", "$3"));
+const ORPHAN_KEYS_POSTGRES: &str = orphan_keys!(orphaned_postgres!("$3"));
+const ORPHAN_ROWS_POSTGRES: &str = orphan_rows!(orphaned_postgres!("$2"));
 
 /// The reason an orphaned attempt is logged with.
 pub const ORPHAN_REASON: &str = "the gateway stopped while the provider call was in flight; it may have been sent";
 
 impl Store {
-    /// Takes the counters and writes the pending attempt row, in one write.
-    pub async fn begin_attempt(&self, begin: Begin) -> Result<Began, StoreError> {
+    /// Takes the counters and writes the pending attempt row, in one write, under this
+    /// process's lease.
+    pub async fn begin_attempt(&self, mut begin: Begin) -> Result<Began, StoreError> {
+        begin.owner_lease = self.lease();
         self.write(begin).await
     }
 
     /// Records the provider's answer to a pending attempt; false when the row was no
-    /// longer pending (an orphan sweep got there first: it stays `unknown`).
+    /// longer pending (an orphan sweep got there first: it stays `unknown`). Applying
+    /// the same `Finish` twice changes nothing the second time.
     pub async fn settle_attempt(&self, finish: Finish) -> Result<bool, StoreError> {
         self.write(finish).await
     }
 
-    /// Makes every attempt still pending before `now` `unknown`, and gives its key
-    /// `answer`; returns how many.
+    /// Makes every attempt still pending whose owner stopped `unknown` (and gives its
+    /// key `answer`); returns how many. `now` is this process's clock, which only rows
+    /// without a lease (and, on SQLite, the leases) are read by; PostgreSQL reads
+    /// leases by its own clock.
     pub async fn sweep_orphans(&self, now: i64, answer: &Answer) -> Result<u64, StoreError> {
-        let statements = vec![
-            Statement {
-                sql: ORPHAN_KEYS_SQL,
-                params: vec![
-                    SqlValue::Integer(i64::from(answer.status)),
-                    SqlValue::Text(answer.body.clone()),
-                    SqlValue::Integer(now),
-                ],
-            },
-            Statement {
-                sql: ORPHAN_ROWS_SQL,
-                params: vec![SqlValue::Text(ORPHAN_REASON.into()), SqlValue::Integer(now)],
-            },
-        ];
+        let own = SqlValue::Integer(self.lease().unwrap_or(0));
+        let status = SqlValue::Integer(i64::from(answer.status));
+        let body = SqlValue::Text(answer.body.clone());
+        let reason = SqlValue::Text(ORPHAN_REASON.into());
+        let statements = match self.backend() {
+            super::Backend::Sqlite => vec![
+                Statement { sql: ORPHAN_KEYS_SQLITE, params: vec![status, body, SqlValue::Integer(now), own.clone()] },
+                Statement { sql: ORPHAN_ROWS_SQLITE, params: vec![reason, SqlValue::Integer(now), own] },
+            ],
+            super::Backend::Postgres => vec![
+                Statement { sql: ORPHAN_KEYS_POSTGRES, params: vec![status, body, own.clone()] },
+                Statement { sql: ORPHAN_ROWS_POSTGRES, params: vec![reason, own] },
+            ],
+        };
         let rows = self.write(Exec(statements)).await?;
         Ok(rows.get(1).copied().unwrap_or(0))
+    }
+
+    /// Whether the pending attempt `log_id` belongs to a process that stopped (its
+    /// lease lapsed, or, without one, its deadline passed): a retry may settle it now.
+    pub async fn attempt_orphaned(&self, log_id: i64) -> Result<bool, StoreError> {
+        let row = sqlx::query("SELECT owner_lease, deadline_at, status FROM message_log WHERE id = $1")
+            .bind(log_id)
+            .fetch_optional(&self.read)
+            .await?;
+        let Some(row) = row else { return Ok(false) };
+        if row.try_get::<String, _>("status")? != "pending" {
+            return Ok(false);
+        }
+        match row.try_get::<Option<i64>, _>("owner_lease")? {
+            Some(lease) => Ok(Some(lease) != self.lease() && !self.lease_alive(lease).await?),
+            None => Ok(row.try_get::<Option<i64>, _>("deadline_at")?.is_some_and(|d| d < super::now_ms())),
+        }
     }
 }
 
@@ -137,6 +208,7 @@ fn pending_values(b: &Begin) -> Vec<SqlValue> {
     let mut values = messages::log_values(&b.entry);
     values.push(SqlValue::Integer(b.deadline_at));
     values.push(b.idem.as_ref().map_or(SqlValue::Null, |i| SqlValue::Text(i.key.clone())));
+    values.push(b.owner_lease.map_or(SqlValue::Null, SqlValue::Integer));
     values
 }
 
@@ -153,7 +225,8 @@ fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<Began, Stor
     // or already this request's. If another request with the key got there first,
     // this write takes back what it did (the rare path pays, not every send).
     if let Some(idem) = &b.idem {
-        let claim = Statement { sql: CLAIM_SQL, params: claim_values(idem, b.entry.created_at, Some(id)) };
+        let claim =
+            Statement { sql: CLAIM_SQL, params: claim_values(idem, b.entry.created_at, Some(id), b.owner_lease) };
         if sqlite_exec(tx, &claim)? == 0 {
             sqlite_exec(tx, &Statement { sql: UNDO_PENDING_SQL, params: vec![SqlValue::Integer(id)] })?;
             counters::sqlite_release(tx, &b.reservations)?;
@@ -216,9 +289,10 @@ fn went_out(status: &str) -> bool {
 
 /// `begin` as an op of `gateway_send_ops` (PostgreSQL, migration 0008).
 fn begin_json(b: &Begin) -> serde_json::Value {
-    let idem = b.idem.as_ref().map(|i| claim_json(i, b.entry.created_at));
+    let idem = b.idem.as_ref().map(|i| claim_json(i, b.entry.created_at, b.owner_lease));
     serde_json::json!({"op": "begin", "r": counters::reservations_json(&b.reservations),
-                       "log": messages::log_json(&b.entry), "deadline_at": b.deadline_at, "idem": idem})
+                       "log": messages::log_json(&b.entry), "deadline_at": b.deadline_at, "idem": idem,
+                       "owner_lease": b.owner_lease})
 }
 
 /// `finish` as an op of `gateway_send_ops`.

@@ -1,7 +1,13 @@
-//! The send path's reads that rarely change, held in memory per replica: API keys by
-//! hash (known and unknown), and a customer with its instance by (customer, instance id
-//! or name). A send then reads only what changes with every send (suppression,
-//! counters, contact) in its one query, and an unkeyed send skips the API-key read.
+//! The send path's lookups that rarely change, held in memory per replica: API keys by
+//! hash (known and unknown), and the id of a customer's instance by the id or name a
+//! request gave. An unkeyed send skips the API-key read, and its one query reads the
+//! customer and instance by primary key.
+//!
+//! The cache saves lookups; it never decides. The send's query reads the customer, the
+//! instance and the API key's revocation as stored now, so an action that stops
+//! sending (a revoked key, a paused instance, a plan or module change) holds for the
+//! first request that starts after it returns, on every replica (see
+//! `Store::send_context`). A stale entry can only cost a lookup again.
 //!
 //! Staleness is bounded twice. Every change to `api_keys`, `customers` or `instances`,
 //! by any process, is announced by a trigger (PostgreSQL `NOTIFY gateway_cache`; on
@@ -11,15 +17,13 @@
 //! also clears everything). A read that raced an eviction does not put its possibly
 //! older answer back (the generation check).
 
-use super::customers::{Customer, Instance};
 use super::keys::ApiKeyRecord;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// The longest an entry is used: the documented bound on how long a revoked key, a
-/// paused instance or a changed customer can still be seen by a replica.
+/// The longest an entry is used.
 pub const TTL: Duration = Duration::from_millis(1_500);
 
 /// Entries kept per map; a map that would grow past it is emptied (a flood of unknown
@@ -38,7 +42,8 @@ struct Entry<T> {
 #[derive(Default)]
 pub(crate) struct Cache {
     keys: Mutex<HashMap<String, Entry<Option<ApiKeyRecord>>>>,
-    contexts: Mutex<HashMap<ContextKey, Entry<(Customer, Instance)>>>,
+    /// Instance ids by (customer, id or name as the request gave it).
+    contexts: Mutex<HashMap<ContextKey, Entry<String>>>,
     /// Bumped by every eviction; a read inserts only if it did not move meanwhile.
     generation: AtomicU64,
 }
@@ -72,17 +77,16 @@ impl Cache {
         }
     }
 
-    /// A customer with its instance of this id or name, if fresh.
-    pub(crate) fn context(&self, customer_id: &str, instance_ref: &str) -> Option<(Customer, Instance)> {
+    /// The id of the customer's instance of this id or name, if fresh.
+    pub(crate) fn instance_id(&self, customer_id: &str, instance_ref: &str) -> Option<String> {
         let contexts = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
         fresh(contexts.get(&(customer_id.to_string(), instance_ref.to_string())))
     }
 
-    pub(crate) fn put_context(&self, instance_ref: &str, customer: &Customer, instance: &Instance, read_at: u64) {
+    pub(crate) fn put_instance_id(&self, customer_id: &str, instance_ref: &str, id: &str, read_at: u64) {
         let mut contexts = self.contexts.lock().unwrap_or_else(|p| p.into_inner());
         if self.generation() == read_at {
-            let key = (customer.id.clone(), instance_ref.to_string());
-            put(&mut contexts, key, (customer.clone(), instance.clone()));
+            put(&mut contexts, (customer_id.to_string(), instance_ref.to_string()), id.to_string());
         }
     }
 

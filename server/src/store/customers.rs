@@ -129,7 +129,16 @@ impl Instance {
 /// one read. Every counter is a bounded lookup (a few index entries), never a count
 /// over the message log: $4 start of the UTC day, $5 start of the hour 24 hours ago,
 /// $6..$8 the scope prefixes of the counters (see [`PacingScopes`]).
-static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
+static SEND_CONTEXT_SQL: LazyLock<String> =
+    LazyLock::new(|| send_context_sql("(i.id = $2 OR i.name = $2)", "ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END"));
+
+/// `SEND_CONTEXT_SQL` for an instance the cache resolved: `$2` is its id, and the
+/// customer and instance rows are read again by primary key, so what stops sending (a
+/// revoked key, a paused instance, a plan or module change) holds from the moment it
+/// is written, on every replica; the cache saves the name lookup, never a decision.
+static SEND_FRESH_SQL: LazyLock<String> = LazyLock::new(|| send_context_sql("i.id = $2", ""));
+
+fn send_context_sql(instance_match: &str, order: &str) -> String {
     let customer_cols: Vec<String> = CUSTOMER_COLUMNS.split(", ").map(|c| format!("c.{c}")).collect();
     let instance_cols: Vec<String> = INSTANCE_COLUMNS.split(", ").map(|c| format!("i.{c} AS i_{c}")).collect();
     format!(
@@ -141,27 +150,15 @@ static SEND_CONTEXT_SQL: LazyLock<String> = LazyLock::new(|| {
             AND u.window_start = $9) AS to_recipient_hour, \
          k.sent_total AS to_recipient_total, k.replies_total AS replies, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $8 || i.id AND u.window_start = $4) AS new_today, \
-         (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || i.id AND u.window_start = $4) AS sent_today \
-         FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND (i.id = $2 OR i.name = $2) \
+         (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || i.id AND u.window_start = $4) AS sent_today, \
+         (SELECT a.revoked_at FROM api_keys a WHERE a.id = $10) AS key_revoked_at \
+         FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND {instance_match} \
          LEFT JOIN contacts k ON k.instance_id = i.id AND k.phone = $3 \
-         WHERE c.id = $1 ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END LIMIT 1",
+         WHERE c.id = $1 {order} LIMIT 1",
         customer_cols.join(", "),
         instance_cols.join(", ")
     )
-});
-
-/// What changes with every send, for a customer and instance the cache holds: the
-/// parameters are those of `SEND_CONTEXT_SQL`, with `$2` the instance's id.
-const SEND_COUNTS_SQL: &str = "SELECT \
-     (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = $1 AND s.phone = $3) AS suppressed, \
-     (SELECT CAST(SUM(u.count) AS BIGINT) FROM usage_counters u WHERE u.scope = $7 || $2 || ':' || $3 \
-        AND u.window_start >= $5) AS to_recipient_24h, \
-     (SELECT u.count FROM usage_counters u WHERE u.scope = $7 || $2 || ':' || $3 \
-        AND u.window_start = $9) AS to_recipient_hour, \
-     (SELECT k.sent_total FROM contacts k WHERE k.instance_id = $2 AND k.phone = $3) AS to_recipient_total, \
-     (SELECT k.replies_total FROM contacts k WHERE k.instance_id = $2 AND k.phone = $3) AS replies, \
-     (SELECT u.count FROM usage_counters u WHERE u.scope = $8 || $2 AND u.window_start = $4) AS new_today, \
-     (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || $2 AND u.window_start = $4) AS sent_today";
+}
 
 /// Scope prefixes of the counters the pacing policy reads. They are taken with the
 /// quota in the same reservation (never limits themselves) and given back with it if
@@ -181,19 +178,15 @@ impl PacingScopes {
     pub const FIRST_CONTACT: &str = "ifirst:";
 }
 
-/// The part of a `SendContext` that changes with every send.
-struct SendCounts {
-    suppressed: bool,
-    counters: Counters,
-    to_recipient_hour: u32,
-}
-
-impl FromCols for SendCounts {
-    fn from_cols(row: &impl Cols) -> Result<SendCounts, StoreError> {
+impl FromCols for SendContext {
+    fn from_cols(row: &impl Cols) -> Result<SendContext, StoreError> {
+        let instance_id: Option<String> = row.col("i_id")?;
         let count = |name: &str| -> Result<u32, StoreError> {
             Ok(row.col::<Option<i64>>(name)?.unwrap_or(0).clamp(0, u32::MAX as i64) as u32)
         };
-        Ok(SendCounts {
+        Ok(SendContext {
+            customer: Customer::from_row(row)?,
+            instance: instance_id.map(|_| Instance::from_prefixed_row(row, "i_")).transpose()?,
             suppressed: row.col::<i64>("suppressed")? > 0,
             counters: Counters {
                 to_recipient_24h: count("to_recipient_24h")?,
@@ -203,20 +196,7 @@ impl FromCols for SendCounts {
                 sent_today: count("sent_today")?,
             },
             to_recipient_hour: count("to_recipient_hour")?,
-        })
-    }
-}
-
-impl FromCols for SendContext {
-    fn from_cols(row: &impl Cols) -> Result<SendContext, StoreError> {
-        let instance_id: Option<String> = row.col("i_id")?;
-        let counts = SendCounts::from_cols(row)?;
-        Ok(SendContext {
-            customer: Customer::from_row(row)?,
-            instance: instance_id.map(|_| Instance::from_prefixed_row(row, "i_")).transpose()?,
-            suppressed: counts.suppressed,
-            counters: counts.counters,
-            to_recipient_hour: counts.to_recipient_hour,
+            key_revoked: row.col::<Option<i64>>("key_revoked_at")?.is_some(),
         })
     }
 }
@@ -234,6 +214,8 @@ pub struct SendContext {
     /// Of `counters.to_recipient_24h`, the sends of the current hour (the bucket a send
     /// takes).
     pub to_recipient_hour: u32,
+    /// Whether the request's API key is revoked, as stored now.
+    pub key_revoked: bool,
 }
 
 /// The stored status and period of a newly assigned plan.
@@ -442,24 +424,25 @@ impl Store {
         row.as_ref().map(Instance::from_row).transpose()
     }
 
-    /// The customer, its instance with this id (or else this name), and whether
-    /// `phone` is suppressed, in one read. The customer and instance come from the
-    /// cache when it holds them (see `cache`); what changes with every send is always
-    /// read.
+    /// The customer, its instance with this id (or else this name), whether `phone` is
+    /// suppressed, the pacing counters and whether the request's API key is revoked, in
+    /// one read. The cache (see `cache`) only saves resolving an instance's name: the
+    /// rows are always read as stored now.
     pub async fn send_context(
         &self,
         customer_id: &str,
         instance_ref: &str,
         phone: &str,
+        api_key_id: Option<&str>,
         now: i64,
     ) -> Result<SendContext, StoreError> {
         const DAY_MS: i64 = 24 * 3_600_000;
         const HOUR_MS: i64 = 3_600_000;
-        let cached = self.cache.context(customer_id, instance_ref);
+        let cached = self.cache.instance_id(customer_id, instance_ref);
         let generation = self.cache.generation();
         let params = vec![
             SqlValue::Text(customer_id.to_string()),
-            SqlValue::Text(cached.as_ref().map_or(instance_ref, |(_, i)| i.id.as_str()).to_string()),
+            SqlValue::Text(cached.clone().unwrap_or_else(|| instance_ref.to_string())),
             SqlValue::Text(phone.to_string()),
             SqlValue::Integer(now - now.rem_euclid(DAY_MS)),
             SqlValue::Integer(now - now.rem_euclid(HOUR_MS) - 23 * HOUR_MS),
@@ -467,26 +450,24 @@ impl Store {
             SqlValue::Text(PacingScopes::RECIPIENT_HOUR.to_string()),
             SqlValue::Text(PacingScopes::NEW_RECIPIENT_DAY.to_string()),
             SqlValue::Integer(now - now.rem_euclid(HOUR_MS)),
+            api_key_id.map_or(SqlValue::Null, |k| SqlValue::Text(k.to_string())),
         ];
-        if let Some((customer, instance)) = cached {
-            let counts: SendCounts = self
-                .read_one(SEND_COUNTS_SQL, params)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("customer {customer_id}")))?;
-            return Ok(SendContext {
-                customer,
-                instance: Some(instance),
-                suppressed: counts.suppressed,
-                counters: counts.counters,
-                to_recipient_hour: counts.to_recipient_hour,
-            });
+        let missing = || StoreError::NotFound(format!("customer {customer_id}"));
+        let mut context: Option<SendContext> = None;
+        if cached.is_some() {
+            context = Some(self.read_one(&SEND_FRESH_SQL, params.clone()).await?.ok_or_else(missing)?);
         }
-        let context: SendContext = self
-            .read_one(&SEND_CONTEXT_SQL, params)
-            .await?
-            .ok_or_else(|| StoreError::NotFound(format!("customer {customer_id}")))?;
-        if let Some(instance) = &context.instance {
-            self.cache.put_context(instance_ref, &context.customer, instance, generation);
+        // Not cached, or the cached id is gone (the instance was removed meanwhile):
+        // resolve the id or name as the request gave it.
+        let resolved = context.as_ref().is_some_and(|c| c.instance.is_some());
+        if !resolved {
+            let mut params = params;
+            params[1] = SqlValue::Text(instance_ref.to_string());
+            context = Some(self.read_one(&SEND_CONTEXT_SQL, params).await?.ok_or_else(missing)?);
+        }
+        let context = context.ok_or_else(missing)?;
+        if !resolved && let Some(instance) = &context.instance {
+            self.cache.put_instance_id(customer_id, instance_ref, &instance.id, generation);
         }
         Ok(context)
     }

@@ -46,9 +46,11 @@ pub enum Claim {
     Replay(Answer),
     /// The key was used with another request body.
     Mismatch,
-    /// The key's first request is still running. `log_id` is its attempt row once it
-    /// reached the provider; `since` is when the key was taken.
-    InProgress { log_id: Option<i64>, since: i64 },
+    /// The key's first request is still running, or its process stopped and nobody
+    /// has settled it yet. `log_id` is its attempt row once it reached the provider;
+    /// `since` is when the key was taken; `owner_lease` the lease of the process that
+    /// took it (none for a process without one: see `leases`).
+    InProgress { log_id: Option<i64>, since: i64, owner_lease: Option<i64> },
 }
 
 /// How long a claimed key may take to reach its attempt row before another request
@@ -57,25 +59,41 @@ pub const CLAIM_LEASE_MS: i64 = 30_000;
 /// How long a key and its answer are kept.
 pub const KEY_TTL_MS: i64 = 24 * 3_600_000;
 
+/// Whether a key taken before its attempt row (`log_id IS NULL`) was left by its owner:
+/// the owner's lease has lapsed (see `leases`) or, for an owner without a lease, its
+/// `lease_until` has passed (`excluded.created_at` is the claimant's now: on SQLite
+/// every process shares that clock; PostgreSQL's claims use `gateway_lapsed`).
+macro_rules! key_left {
+    () => {
+        "((idempotency_keys.owner_lease IS NULL AND idempotency_keys.lease_until <= excluded.created_at) \
+         OR (idempotency_keys.owner_lease IS NOT NULL AND NOT EXISTS (SELECT 1 FROM process_leases p \
+         WHERE p.id = idempotency_keys.owner_lease AND p.expires_at > excluded.created_at)))"
+    };
+}
+
 /// Takes a key that is free (absent, expired, or left before its attempt row by a
-/// request whose lease ended, with the same body), or that this request holds already.
-pub(super) const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, \
-     created_at, expires_at, lease_until, log_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+/// request whose owner stopped, with the same body), or that this request holds already.
+/// SQLite's statement; PostgreSQL's is `gateway_claim_key` (migration 0012).
+pub(super) const CLAIM_SQL: &str = concat!(
+    "INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, \
+     created_at, expires_at, lease_until, log_id, owner_lease) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
      ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash, \
      owner = excluded.owner, created_at = excluded.created_at, expires_at = excluded.expires_at, \
-     lease_until = excluded.lease_until, log_id = excluded.log_id, response_status = NULL, \
-     response_body = NULL \
+     lease_until = excluded.lease_until, log_id = excluded.log_id, owner_lease = excluded.owner_lease, \
+     response_status = NULL, response_body = NULL \
      WHERE idempotency_keys.expires_at <= excluded.created_at \
-     OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL \
-     AND idempotency_keys.lease_until <= excluded.created_at \
-     AND idempotency_keys.request_hash = excluded.request_hash) \
+     OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL AND ",
+    key_left!(),
+    " AND idempotency_keys.request_hash = excluded.request_hash) \
      OR (idempotency_keys.owner = excluded.owner AND idempotency_keys.log_id IS NULL \
-     AND idempotency_keys.response_status IS NULL)";
-const KEY_SQL: &str = "SELECT request_hash, lease_until, log_id, response_status, response_body, created_at \
-     FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND expires_at > $3";
+     AND idempotency_keys.response_status IS NULL)"
+);
+const KEY_SQL: &str = "SELECT request_hash, lease_until, log_id, response_status, response_body, created_at, \
+     owner_lease FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND expires_at > $3";
 /// The answer of a refused request, kept with its log row: the key is taken with its
 /// answer if free (as `CLAIM_SQL`) or held by this request.
-const ANSWER_REFUSAL_SQL: &str = "INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, \
+const ANSWER_REFUSAL_SQL: &str = concat!(
+    "INSERT INTO idempotency_keys (customer_id, idem_key, request_hash, owner, \
      created_at, expires_at, lease_until, log_id, response_status, response_body) \
      VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, $9) \
      ON CONFLICT (customer_id, idem_key) DO UPDATE SET request_hash = excluded.request_hash, \
@@ -83,10 +101,11 @@ const ANSWER_REFUSAL_SQL: &str = "INSERT INTO idempotency_keys (customer_id, ide
      lease_until = NULL, log_id = excluded.log_id, response_status = excluded.response_status, \
      response_body = excluded.response_body \
      WHERE idempotency_keys.expires_at <= excluded.created_at \
-     OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL \
-     AND idempotency_keys.lease_until <= excluded.created_at \
-     AND idempotency_keys.request_hash = excluded.request_hash) \
-     OR (idempotency_keys.owner = excluded.owner AND idempotency_keys.response_status IS NULL)";
+     OR (idempotency_keys.log_id IS NULL AND idempotency_keys.response_status IS NULL AND ",
+    key_left!(),
+    " AND idempotency_keys.request_hash = excluded.request_hash) \
+     OR (idempotency_keys.owner = excluded.owner AND idempotency_keys.response_status IS NULL)"
+);
 /// A refused request gives its key up (see `KeyFate::Release`).
 pub(super) const RELEASE_REFUSAL_SQL: &str =
     "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND owner = $3";
@@ -96,7 +115,7 @@ impl Store {
     /// `external_message_id` this way). A send-message request does not: it reads the
     /// key's state (`idempotency_state`), and its attempt's own write takes the key.
     pub async fn claim_idempotency(&self, idem: &IdemOwner, now: i64) -> Result<Claim, StoreError> {
-        if self.write(ClaimKey { idem: idem.clone(), now }).await? {
+        if self.write(ClaimKey { idem: idem.clone(), now, owner_lease: self.lease() }).await? {
             return Ok(Claim::Claimed);
         }
         match self.idempotency_state(idem, now).await? {
@@ -152,10 +171,10 @@ impl KeySnapshot {
         if let (Some(status), Some(body)) = (row.response_status, row.response_body) {
             return Claim::Replay(Answer { status: status as u16, body });
         }
-        if row.log_id.is_none() && row.lease_until.is_some_and(|l| l <= now) {
+        if row.log_id.is_none() && row.owner_lease.is_none() && row.lease_until.is_some_and(|l| l <= now) {
             return Claim::Claimed;
         }
-        Claim::InProgress { log_id: row.log_id, since: row.created_at }
+        Claim::InProgress { log_id: row.log_id, since: row.created_at, owner_lease: row.owner_lease }
     }
 
     /// From the columns `i_request_hash`, `i_lease_until`, ... of a joined row.
@@ -168,6 +187,7 @@ impl KeySnapshot {
             response_status: r.col("i_response_status")?,
             response_body: r.col("i_response_body")?,
             created_at: r.col("i_created_at")?,
+            owner_lease: r.col("i_owner_lease")?,
         })))
     }
 }
@@ -181,6 +201,7 @@ struct KeyRow {
     response_status: Option<i64>,
     response_body: Option<String>,
     created_at: i64,
+    owner_lease: Option<i64>,
 }
 
 impl FromCols for KeyRow {
@@ -192,6 +213,7 @@ impl FromCols for KeyRow {
             response_status: r.col("response_status")?,
             response_body: r.col("response_body")?,
             created_at: r.col("created_at")?,
+            owner_lease: r.col("owner_lease")?,
         })
     }
 }
@@ -203,7 +225,7 @@ pub(super) fn owner_values(idem: &IdemOwner) -> [SqlValue; 3] {
 /// The values of `CLAIM_SQL` for a request taking its key at `now`, with its attempt
 /// row when it has one (the key is then no longer leased: the attempt's deadline
 /// governs).
-pub(super) fn claim_values(idem: &IdemOwner, now: i64, log_id: Option<i64>) -> Vec<SqlValue> {
+pub(super) fn claim_values(idem: &IdemOwner, now: i64, log_id: Option<i64>, owner_lease: Option<i64>) -> Vec<SqlValue> {
     vec![
         SqlValue::Text(idem.customer_id.clone()),
         SqlValue::Text(idem.key.clone()),
@@ -216,6 +238,7 @@ pub(super) fn claim_values(idem: &IdemOwner, now: i64, log_id: Option<i64>) -> V
             None => SqlValue::Integer(now + CLAIM_LEASE_MS),
         },
         log_id.map_or(SqlValue::Null, SqlValue::Integer),
+        owner_lease.map_or(SqlValue::Null, SqlValue::Integer),
     ]
 }
 
@@ -247,17 +270,21 @@ pub(super) fn refusal_key(idem: &IdemOwner, fate: &KeyFate, log_id: i64, at: i64
 struct ClaimKey {
     idem: IdemOwner,
     now: i64,
+    owner_lease: Option<i64>,
 }
 
 impl Write for ClaimKey {
     type Output = bool;
 
     fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<bool, StoreError> {
-        Ok(sqlite_exec(tx, &Statement { sql: CLAIM_SQL, params: claim_values(&self.idem, self.now, None) })? > 0)
+        Ok(sqlite_exec(
+            tx,
+            &Statement { sql: CLAIM_SQL, params: claim_values(&self.idem, self.now, None, self.owner_lease) },
+        )? > 0)
     }
 
     fn postgres(&self) -> Postgres {
-        Postgres::Call { function: "gateway_send_ops", arg: claim_json(&self.idem, self.now) }
+        Postgres::Call { function: "gateway_send_ops", arg: claim_json(&self.idem, self.now, self.owner_lease) }
     }
 
     fn read_postgres(&self, answer: PgAnswer) -> Result<bool, StoreError> {
@@ -270,9 +297,10 @@ impl Write for ClaimKey {
 
 /// A key claim as `gateway_send_ops` reads it (an op of its own, or the `idem` of a
 /// `begin`).
-pub(super) fn claim_json(idem: &IdemOwner, now: i64) -> serde_json::Value {
+pub(super) fn claim_json(idem: &IdemOwner, now: i64, owner_lease: Option<i64>) -> serde_json::Value {
     serde_json::json!({
         "op": "claim", "customer_id": idem.customer_id, "key": idem.key, "hash": idem.request_hash,
         "owner": idem.owner, "now": now, "expires_at": now + KEY_TTL_MS, "lease_until": now + CLAIM_LEASE_MS,
+        "owner_lease": owner_lease,
     })
 }

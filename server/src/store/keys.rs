@@ -86,7 +86,8 @@ impl Store {
         const SQL: &str = "SELECT k.id, k.customer_id, k.name, k.prefix, k.created_at, k.revoked_at, \
              k.last_used_at, i.request_hash AS i_request_hash, i.lease_until AS i_lease_until, \
              i.log_id AS i_log_id, i.response_status AS i_response_status, i.response_body AS i_response_body, \
-             i.created_at AS i_created_at FROM api_keys k LEFT JOIN idempotency_keys i \
+             i.created_at AS i_created_at, i.owner_lease AS i_owner_lease FROM api_keys k \
+             LEFT JOIN idempotency_keys i \
              ON i.customer_id = k.customer_id AND i.idem_key = $2 AND i.expires_at > $3 WHERE k.key_hash = $1";
         let params =
             vec![SqlValue::Text(key_hash.to_string()), SqlValue::Text(idem_key.to_string()), SqlValue::Integer(now)];

@@ -26,6 +26,7 @@ mod ingress;
 pub mod insight;
 mod invalidation;
 mod keys;
+pub mod leases;
 mod log_pages;
 mod messages;
 mod modules;
@@ -129,6 +130,8 @@ pub struct Store {
     cache: Arc<cache::Cache>,
     /// The database URL (the PostgreSQL cache listener opens its own connection).
     url: Arc<str>,
+    /// This process's lease (`leases`), 0 while it holds none.
+    lease: Arc<std::sync::atomic::AtomicI64>,
 }
 
 /// Idle read-only SQLite connections. A send path read is an indexed point lookup of a
@@ -340,14 +343,23 @@ impl Store {
                 let idle = Mutex::new(Vec::new());
                 let sqlite_readers = Some(Arc::new(SqliteReaders { path, idle }));
                 let (cache, url) = (Arc::default(), url.into());
-                Ok(Store { read, write, backend, writer, sqlite_readers, cache, url })
+                Ok(Store { read, write, backend, writer, sqlite_readers, cache, url, lease: Arc::default() })
             }
             Backend::Postgres => {
                 let pool =
                     AnyPoolOptions::new().max_connections(max).acquire_timeout(options.timeout).connect(url).await?;
                 let writer = writer::spawn_sqlx(pool.clone(), options.timeout, log);
                 let (cache, url) = (Arc::default(), url.into());
-                Ok(Store { read: pool.clone(), write: pool, backend, writer, sqlite_readers: None, cache, url })
+                Ok(Store {
+                    read: pool.clone(),
+                    write: pool,
+                    backend,
+                    writer,
+                    sqlite_readers: None,
+                    cache,
+                    url,
+                    lease: Arc::default(),
+                })
             }
         }
     }

@@ -90,6 +90,9 @@ pub struct PbxEvent {
     /// The answered body (JSON text).
     pub response: Option<String>,
     pub created_at: i64,
+    /// While pending: the lease of the process that claimed its `external_message_id`
+    /// (see `leases`).
+    pub owner_lease: Option<i64>,
 }
 
 impl FromCols for PbxEvent {
@@ -107,12 +110,13 @@ impl FromCols for PbxEvent {
             external_message_id: r.col("external_message_id")?,
             response: r.col("response")?,
             created_at: r.col("created_at")?,
+            owner_lease: r.col("owner_lease")?,
         })
     }
 }
 
 pub(super) const EVENT_COLUMNS: &str = "id, integration_id, customer_id, event_type, action, status_code, error_code, phone, \
-     message_id, external_message_id, response, created_at";
+     message_id, external_message_id, response, created_at, owner_lease";
 
 const INSERT_EVENT_SQL: &str = "INSERT INTO pbx_events (integration_id, customer_id, event_type, \
      action, status_code, error_code, phone, message_id, external_message_id, response, created_at) \
@@ -352,13 +356,16 @@ impl Store {
     }
 
     /// Claims `event.external_message_id` for this integration by writing a `pending`
-    /// row: `Ok(id)` when claimed, `Err(existing)` when another request has it.
+    /// row under this process's lease: `Ok(id)` when claimed, `Err(existing)` when
+    /// another request has it.
     pub async fn claim_pbx_external_id(&self, event: &PbxEvent) -> Result<Result<i64, PbxEvent>, StoreError> {
-        let sql = format!(
-            "{} ON CONFLICT (integration_id, external_message_id) DO NOTHING RETURNING id",
-            INSERT_EVENT_SQL.trim_end_matches(" RETURNING id")
-        );
-        let row = super::bind_all(sqlx::query(&sql), event_values(event)).fetch_optional(&self.write).await?;
+        const SQL: &str = "INSERT INTO pbx_events (integration_id, customer_id, event_type, \
+             action, status_code, error_code, phone, message_id, external_message_id, response, created_at, \
+             owner_lease) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+             ON CONFLICT (integration_id, external_message_id) DO NOTHING RETURNING id";
+        let mut values = event_values(event);
+        values.push(self.lease().map_or(SqlValue::Null, SqlValue::Integer));
+        let row = super::bind_all(sqlx::query(SQL), values).fetch_optional(&self.write).await?;
         if let Some(row) = row {
             return Ok(Ok(row.try_get("id")?));
         }

@@ -4,6 +4,9 @@
 use serde_json::Value;
 use sqlx::{Connection, Executor};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::net::{TcpListener, TcpStream};
 
 /// The binary on the store at `url`, with `args` and `env`; compiled policy modules
 /// are cached across tests, outside the source tree.
@@ -79,6 +82,69 @@ impl Db {
             && let Ok(mut conn) = sqlx::AnyConnection::connect(admin).await
         {
             let _ = conn.execute(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)").as_str()).await;
+        }
+    }
+}
+
+/// A TCP proxy to PostgreSQL that the test can cut (every connection closed, new ones
+/// closed at once) and restore.
+pub struct Proxy {
+    pub port: u16,
+    cut: Arc<AtomicBool>,
+    connections: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Proxy {
+    pub async fn start(upstream: String) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, conns) = (cut.clone(), connections.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if c.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(&upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                conns.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Proxy { port, cut, connections }
+    }
+
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for c in self.connections.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Db {
+    /// The store's URL, through a `Proxy` the test can cut on PostgreSQL; on SQLite the
+    /// file itself (no proxy: another connection's lock makes it unavailable).
+    pub async fn through_proxy(&self) -> (String, Option<Proxy>) {
+        match &self.postgres {
+            Some(_) => {
+                let (_, rest) = self.url.split_once("@").unwrap();
+                let (hostport, name) = rest.split_once('/').unwrap();
+                let proxy = Proxy::start(hostport.to_string()).await;
+                let url =
+                    self.url.replace(&format!("@{hostport}/{name}"), &format!("@127.0.0.1:{}/{name}", proxy.port));
+                (url, Some(proxy))
+            }
+            None => (self.url.clone(), None),
         }
     }
 }
