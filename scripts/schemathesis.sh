@@ -47,10 +47,11 @@ trap 'exit 130' INT TERM
 # let another thread's parse change it, so a parse failed with "SystemError: AST
 # constructor recursion depth mismatch" (python/cpython#106905; fixed in 3.11.8 and
 # 3.12.2 by a depth per parse, which 3.13 has from the start; 3.12 collects garbage at
-# other points and does not hit it). Hypothesis and Schemathesis call ast.parse while
-# they generate (the constants of local modules such as scripts/schemathesis_hooks.py,
-# descriptions of lambdas), on two threads (workers = 2): on 3.11.7 a run failed that
-# way in the PBX operation's coverage phase, and reruns passed. pyenv's python3 on these
+# other points and does not hit it). Schemathesis generates on two threads (workers =
+# 2), and in the coverage phase it filters Hypothesis strategies with lambdas, which
+# Hypothesis describes by parsing the whole file the lambda is in (lambda_sources.py;
+# Schemathesis's coverage/_schema.py, 216 kB): on 3.11.7, with these pins, 2 runs of 10
+# failed that way, in the PBX operation's coverage phase. pyenv's python3 on these
 # machines is 3.11.7 and Debian 12's python3 is 3.11.2, both affected; the machines'
 # pyenv also has 3.13.0 (and 3.12.1). So: SCHEMATHESIS_PYTHON if set, else the first of
 # python3.13, pyenv's 3.13, python3.12, pyenv's 3.12 and python3 that is CPython 3.11.8
