@@ -5,8 +5,10 @@
 #
 #   scripts/schemathesis.sh            # the gateway binary from target/debug (built if missing)
 #   ST_GATEWAY_BIN=path ST_SEED=7 scripts/schemathesis.sh
+#   scripts/schemathesis.sh --fresh-venv   # a new venv in the temporary directory (scripts/test)
 #
-# Installs Schemathesis from PyPI into a venv (target/schemathesis-venv), starts the
+# Installs Schemathesis from PyPI into a venv (target/schemathesis-venv, or
+# SCHEMATHESIS_VENV), exactly as scripts/requirements-schemathesis.txt pins it, starts the
 # gateway on a fresh SQLite store in a temporary directory with a demo tenant (limits
 # raised so quotas do not interfere, number aged past the warm-up) and a PBX integration
 # (no HMAC, a template for every call event, no cooldown, no rate limit in reach), and
@@ -14,33 +16,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SCHEMATHESIS_VERSION=4.32.5
-VENV=${SCHEMATHESIS_VENV:-target/schemathesis-venv}
+REQUIREMENTS=scripts/requirements-schemathesis.txt
 BIN=${ST_GATEWAY_BIN:-target/debug/gateway}  # not GATEWAY_*: the gateway reads those as configuration
+fresh_venv=false
+case "${1:-}" in
+    "") ;;
+    --fresh-venv) fresh_venv=true ;;
+    *) echo "usage: scripts/schemathesis.sh [--fresh-venv]" >&2; exit 2 ;;
+esac
 
-# ---- Schemathesis, pinned, from PyPI ----
-if ! "$VENV/bin/st" --version 2>/dev/null | grep -qx "st, version $SCHEMATHESIS_VERSION"; then
-    rm -rf "$VENV"
-    if ! python3 -m venv "$VENV" 2>/dev/null; then
-        # Debian's python3 has no venv module until python3-venv is installed.
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-            rm -rf "$VENV"
-            python3 -m venv "$VENV"
-        else
-            echo "schemathesis.sh: python3 cannot make a venv (Debian: apt-get install python3-venv)" >&2
-            exit 1
-        fi
-    fi
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
-fi
-"$VENV/bin/st" --version
-
-# ---- the gateway ----
-if [ ! -x "$BIN" ]; then
-    cargo build --quiet -p gateway-server --bin gateway
-fi
-mkdir -p target
 work=$(mktemp -d -t gateway-schemathesis.XXXXXX)
 server_pid=
 st_pid=
@@ -56,6 +40,93 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+# ---- the interpreter ----
+# Not CPython 3.11 before 3.11.8: there ast.parse kept its recursion depth in state that
+# every thread shared, and a garbage collection in the middle of one thread's parse could
+# let another thread's parse change it, so a parse failed with "SystemError: AST
+# constructor recursion depth mismatch" (python/cpython#106905; fixed in 3.11.8 and
+# 3.12.2 by a depth per parse, which 3.13 has from the start; 3.12 collects garbage at
+# other points and does not hit it). Schemathesis generates on two threads (workers =
+# 2), and in the coverage phase it filters Hypothesis strategies with lambdas, which
+# Hypothesis describes by parsing the whole file the lambda is in (lambda_sources.py;
+# Schemathesis's coverage/_schema.py, 216 kB): on 3.11.7, with these pins, 2 runs of 10
+# failed that way, in the PBX operation's coverage phase. pyenv's python3 on these
+# machines is 3.11.7 and Debian 12's python3 is 3.11.2, both affected; the machines'
+# pyenv also has 3.13.0 (and 3.12.1). So: SCHEMATHESIS_PYTHON if set, else the first of
+# python3.13, pyenv's 3.13, python3.12, pyenv's 3.12 and python3 that is CPython 3.11.8
+# or later, below 3.14 (the pins were made on 3.13 and run on 3.13 and 3.12; the pip
+# check below tells when they do not fit another).
+unaffected() {
+    "$1" -c 'import sys; v = sys.version_info[:3]; sys.exit(not (sys.implementation.name == "cpython" and (3, 11, 8) <= v < (3, 14)))' 2>/dev/null
+}
+pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
+if [ -n "${SCHEMATHESIS_PYTHON:-}" ]; then
+    candidates=("$SCHEMATHESIS_PYTHON")
+else
+    # (a glob that matches nothing, or a pyenv shim of a version not selected, fails the
+    # check and is passed over)
+    candidates=(python3.13 "$pyenv_root"/versions/3.13.*/bin/python3.13
+        python3.12 "$pyenv_root"/versions/3.12.*/bin/python3.12 python3)
+fi
+PY=
+for candidate in "${candidates[@]}"; do
+    if unaffected "$candidate"; then
+        PY=$("$candidate" -c 'import sys; print(sys.executable)')
+        break
+    fi
+done
+if [ -z "$PY" ]; then
+    echo "schemathesis.sh: none of ${candidates[*]} is CPython 3.11.8 or later, below 3.14" >&2
+    echo "  (python3 is $(python3 --version 2>&1)). CPython 3.11 before 3.11.8 fails at random" >&2
+    echo "  under Schemathesis (python/cpython#106905): put CPython 3.13 or 3.12 on PATH, or" >&2
+    echo "  set SCHEMATHESIS_PYTHON." >&2
+    exit 1
+fi
+
+# ---- Schemathesis and everything it pulls in, pinned with hashes, from PyPI ----
+# Every package at an exact version and every file checked against its sha256
+# (--require-hashes), nothing resolved at install time (--no-deps: the file lists the
+# whole tree), and wheels only (--only-binary: an sdist would run a build backend that
+# nothing pins). The venv is rebuilt when the pinned file or the interpreter changes (a
+# stamp in the venv records both), or with --fresh-venv (scripts/test runs this twice
+# that way, so that a failure that comes and goes shows).
+if $fresh_venv; then
+    VENV=$work/venv
+else
+    VENV=${SCHEMATHESIS_VENV:-target/schemathesis-venv}
+fi
+stamp="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1) $PY $("$PY" -c 'import sys; print(sys.version.split()[0])')"
+if [ "$(cat "$VENV/gateway-requirements.stamp" 2>/dev/null)" != "$stamp" ] \
+        || ! "$VENV/bin/st" --version >/dev/null 2>&1; then
+    rm -rf "$VENV"
+    if ! "$PY" -m venv "$VENV" 2>/dev/null; then
+        # Debian's python3 has no venv module until python3-venv is installed.
+        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+            rm -rf "$VENV"
+            "$PY" -m venv "$VENV"
+        else
+            echo "schemathesis.sh: $PY cannot make a venv (Debian: apt-get install python3-venv)" >&2
+            exit 1
+        fi
+    fi
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check \
+        --require-hashes --no-deps --only-binary :all: -r "$REQUIREMENTS"
+    # The pinned tree is whole and consistent for this interpreter.
+    if ! check=$("$VENV/bin/pip" check --disable-pip-version-check 2>&1); then
+        echo "schemathesis.sh: $REQUIREMENTS does not fit $PY: $check" >&2
+        exit 1
+    fi
+    echo "$stamp" >"$VENV/gateway-requirements.stamp"
+fi
+echo "$("$VENV/bin/st" --version) on $("$VENV/bin/python" --version) ($PY)"
+
+# ---- the gateway ----
+if [ ! -x "$BIN" ]; then
+    cargo build --quiet -p gateway-server --bin gateway
+fi
+mkdir -p target
 
 export GATEWAY_DATABASE_URL="sqlite://$work/gateway.db?mode=rwc"
 # Compiled policy modules are kept between runs (a restart does not recompile them).
