@@ -81,18 +81,20 @@ async fn pbx_message(port: u16, integration: &str, secret: &str, external: &str,
     Some(answer(request.send().await.ok()?).await)
 }
 
-async fn log_rows(url: &str, customer: &str) -> HashMap<i64, LogEntry> {
-    let store = Store::connect(url, 2, None).await.unwrap();
-    let rows = store.recent_log(customer, 1_000).await.unwrap().into_iter().collect();
-    store.close().await;
-    rows
+/// The test's own view of the store (one handle, so that polling is quick).
+async fn store(url: &str) -> Store {
+    Store::connect(url, 2, None).await.unwrap()
 }
 
-async fn wait_for_pending(url: &str, customer: &str, n: usize) {
+async fn log_rows(store: &Store, customer: &str) -> HashMap<i64, LogEntry> {
+    store.recent_log(customer, 1_000).await.unwrap().into_iter().collect()
+}
+
+async fn wait_for_pending(store: &Store, customer: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while log_rows(url, customer).await.values().filter(|r| r.status == "pending").count() < n {
+    while log_rows(store, customer).await.values().filter(|r| r.status == "pending").count() < n {
         assert!(Instant::now() < deadline, "{n} sends reached the provider");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -114,6 +116,7 @@ fn assert_unknown(answer: &Answer, what: &str) {
 async fn after_a_kill_a_retry_gets_its_definite_answer_within_seconds_with_a_60_s_provider_timeout() {
     let db = Db::new("liveness_kill").await;
     let (key, customer, integration, secret) = tenant(&db.url);
+    let view = store(&db.url).await;
     let env = [("GATEWAY_PROVIDER_TIMEOUT_MS", "60000")];
     let (first, port) = serve(&db.url, &env).await;
     // A keyed send and a PBX message with an external_message_id, both at a provider
@@ -121,7 +124,7 @@ async fn after_a_kill_a_retry_gets_its_definite_answer_within_seconds_with_a_60_
     let (k, i, s) = (key.clone(), integration.clone(), secret.clone());
     let api = tokio::spawn(async move { send(port, &k, Some("order-1"), HANGS).await });
     let pbx = tokio::spawn(async move { pbx_message(port, &i, &s, "3cx-1", HANGS).await });
-    wait_for_pending(&db.url, &customer, 2).await;
+    wait_for_pending(&view, &customer, 2).await;
 
     // While the first requests live, a repeat is told so at once; nobody waits.
     let started = Instant::now();
@@ -165,10 +168,11 @@ async fn after_a_kill_a_retry_gets_its_definite_answer_within_seconds_with_a_60_
     // Later repeats get the same answer; nothing was sent again.
     assert_eq!(send(port, &key, Some("order-1"), HANGS).await.unwrap().2, api_answer.2);
     assert_eq!(pbx_message(port, &integration, &secret, "3cx-1", HANGS).await.unwrap().2, pbx_answer.2);
-    let rows = log_rows(&db.url, &customer).await;
+    let rows = log_rows(&view, &customer).await;
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert!(rows.values().all(|r| r.status == "unknown" && r.reason.as_deref() == Some(ORPHAN_REASON)), "{rows:?}");
     kill(second);
+    view.close().await;
     db.drop_it().await;
 }
 
@@ -176,28 +180,30 @@ async fn after_a_kill_a_retry_gets_its_definite_answer_within_seconds_with_a_60_
 async fn a_send_whose_process_lives_is_never_swept_however_long_its_provider_call() {
     let db = Db::new("liveness_live").await;
     let (key, customer, _, _) = tenant(&db.url);
+    let view = store(&db.url).await;
     // A provider timeout past the lease's lapse time (5 s), so that only liveness can
     // keep the row from another replica's sweep.
     let env = [("GATEWAY_PROVIDER_TIMEOUT_MS", "9000")];
     let ((a, port_a), (b, port_b)) = (serve(&db.url, &env).await, serve(&db.url, &env).await);
     let k = key.clone();
     let first = tokio::spawn(async move { send(port_a, &k, Some("long-1"), HANGS).await });
-    wait_for_pending(&db.url, &customer, 1).await;
+    wait_for_pending(&view, &customer, 1).await;
     tokio::time::sleep(Duration::from_secs(7)).await;
-    let rows = log_rows(&db.url, &customer).await;
+    let rows = log_rows(&view, &customer).await;
     assert!(rows.values().all(|r| r.status == "pending"), "the other replica swept a live send: {rows:?}");
     assert_in_progress(&send(port_b, &key, Some("long-1"), HANGS).await.unwrap(), "a retry on the other replica");
     // The owner settles it itself, by its provider timeout.
     let answer = first.await.unwrap().expect("the first request is answered");
     assert_unknown(&answer, "the first request");
     assert_eq!(answer.2["details"]["cause"], "provider_timeout", "{}", answer.2);
-    let rows = log_rows(&db.url, &customer).await;
+    let rows = log_rows(&view, &customer).await;
     let row = rows.values().next().unwrap();
     assert_eq!(row.status, "unknown");
     assert_ne!(row.reason.as_deref(), Some(ORPHAN_REASON), "settled by its owner, not swept");
     assert_eq!(send(port_b, &key, Some("long-1"), HANGS).await.unwrap().2, answer.2, "the retry replays it");
     kill(a);
     kill(b);
+    view.close().await;
     db.drop_it().await;
 }
 
@@ -207,12 +213,13 @@ async fn a_settle_the_store_refuses_still_answers_that_the_message_was_sent() {
     // PostgreSQL through a proxy the test cuts; SQLite locked by another connection.
     let (url, proxy) = db.through_proxy().await;
     let (key, customer, _, _) = tenant(&url);
+    let view = store(&db.url).await;
     let env = [("GATEWAY_DATABASE_TIMEOUT_MS", "1500")];
     let (server, port) = serve(&url, &env).await;
     let k = key.clone();
     // Unkeyed: the client that would send twice if told to retry.
     let sent = tokio::spawn(async move { send(port, &k, None, SLOW).await });
-    wait_for_pending(&db.url, &customer, 1).await;
+    wait_for_pending(&view, &customer, 1).await;
     // The store goes away while the provider takes the message.
     let lock = match &proxy {
         Some(proxy) => {
@@ -238,7 +245,7 @@ async fn a_settle_the_store_refuses_still_answers_that_the_message_was_sent() {
     // The settle lands once the store is back: the row is sent, with its one event.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let rows = log_rows(&db.url, &customer).await;
+        let rows = log_rows(&view, &customer).await;
         let row = rows.values().next().unwrap();
         if row.status == "sent" {
             assert_eq!(row.provider_message_id.as_deref(), Some(message_id.as_str()));
@@ -248,12 +255,11 @@ async fn a_settle_the_store_refuses_still_answers_that_the_message_was_sent() {
         assert!(Instant::now() < deadline, "the settle landed: {row:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let store = Store::connect(&db.url, 2, None).await.unwrap();
-    let events = store.outbox_events(&customer).await.unwrap();
+    let events = view.outbox_events(&customer).await.unwrap();
     let sent_events =
         events.iter().filter(|(kind, p)| kind == "message.sent" && p["message_id"] == message_id.as_str());
     assert_eq!(sent_events.count(), 1);
-    store.close().await;
+    view.close().await;
     kill(server);
     db.drop_it().await;
 }

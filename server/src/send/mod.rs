@@ -430,16 +430,15 @@ impl Sender {
     /// The guard of a just-written attempt row, armed with an unknown outcome: what its
     /// row becomes if the request goes away before the provider answers.
     fn arm(&self, a: &Attempt<'_>, log_id: i64, now: i64) -> Armed {
-        let unknown = || SendError::Provider(ProviderError::OutcomeUnknown(CANCELLED_REASON.into()));
         let finish = Finish {
             status: "unknown".into(),
             error_code: Some("gateway_send_failed".into()),
             policy: Some("gateway/provider".into()),
             reason: Some(CANCELLED_REASON.into()),
-            answer: a.input.idempotency.as_ref().map(|i| KeyFate::Keep((i.render)(&Err(unknown())))),
             ..self.finish(a, log_id, now)
         };
-        Armed::new(finish, self.store.clone(), self.settling.clone(), self.log.new(slog::o!("log_id" => log_id)))
+        let render = a.input.idempotency.as_ref().map(|i| i.render);
+        Armed::new(finish, render, self.store.clone(), self.settling.clone(), self.log.clone())
     }
 
     /// The parts of an attempt's `Finish` that do not depend on the outcome.

@@ -15,7 +15,9 @@
 //! `Settling` counts the settles still retrying, so that a clean stop can wait for them
 //! before it gives its lease up.
 
-use crate::store::{Finish, Store};
+use super::{SendError, Sent};
+use crate::provider::ProviderError;
+use crate::store::{Answer, Finish, KeyFate, Store};
 use slog::{Logger, info, warn};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -68,38 +70,55 @@ impl Progress {
 /// The `Finish` an attempt's owner still has to write (see the module's header).
 pub(super) struct Armed {
     finish: Option<Finish>,
+    /// While `finish` is the unknown outcome it was armed with: how its key's answer is
+    /// rendered (only if it is ever needed: most attempts settle).
+    render_unknown: Option<fn(&Result<Sent, SendError>) -> Answer>,
     store: Store,
     settling: Arc<Settling>,
     log: Logger,
 }
 
 impl Armed {
-    /// Armed with `finish`: what is written if the request goes away before it settles.
-    pub(super) fn new(finish: Finish, store: Store, settling: Arc<Settling>, log: Logger) -> Armed {
-        Armed { finish: Some(finish), store, settling, log }
+    /// Armed with `unknown`, the outcome written if the request goes away before it
+    /// settles; `render` renders its key's answer, for a request with a key.
+    pub(super) fn new(
+        unknown: Finish,
+        render: Option<fn(&Result<Sent, SendError>) -> Answer>,
+        store: Store,
+        settling: Arc<Settling>,
+        log: Logger,
+    ) -> Armed {
+        Armed { finish: Some(unknown), render_unknown: render, store, settling, log }
     }
 
     /// Writes `finish`, waiting for it at most `wait`; if it is not written by then
     /// (the store failed or is slow), it is left to the background. Never fails.
     pub(super) async fn settle(mut self, finish: Finish, wait: Duration) {
+        self.render_unknown = None;
+        let log_id = finish.log_id;
         self.finish = Some(finish.clone());
         match tokio::time::timeout(wait, self.store.settle_attempt(finish)).await {
             Ok(Ok(applied)) => {
                 self.finish = None;
                 if !applied {
-                    warn!(self.log, "the attempt was settled already (swept as an orphan)");
+                    warn!(self.log, "the attempt was settled already (swept as an orphan)"; "log_id" => log_id);
                 }
             }
-            Ok(Err(e)) => warn!(self.log, "settling the attempt failed; retrying in the background"; "error" => %e),
+            Ok(Err(e)) => warn!(self.log, "settling the attempt failed; retrying in the background";
+                                "log_id" => log_id, "error" => %e),
             Err(_) => warn!(self.log, "settling the attempt is slow; finishing it in the background";
-                            "waited_ms" => wait.as_millis() as u64),
+                            "log_id" => log_id, "waited_ms" => wait.as_millis() as u64),
         }
     }
 }
 
 impl Drop for Armed {
     fn drop(&mut self) {
-        let Some(finish) = self.finish.take() else { return };
+        let Some(mut finish) = self.finish.take() else { return };
+        if let Some(render) = self.render_unknown.take() {
+            let unknown = ProviderError::OutcomeUnknown(super::CANCELLED_REASON.into());
+            finish.answer = Some(KeyFate::Keep(render(&Err(SendError::Provider(unknown)))));
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             warn!(self.log, "an attempt was left pending: no runtime to settle it"; "log_id" => finish.log_id);
             return;
