@@ -91,7 +91,7 @@ impl TestContext {
             None => Parts::from_config(&config).expect("parts"),
         };
         let server = start_server_with(log, &config, parts).await.expect("gateway starts");
-        let scheme = if config.tls.dropshot().is_some() { "https" } else { "http" };
+        let scheme = if config.tls.files().is_some() { "https" } else { "http" };
         let base_url = format!("{scheme}://{}", server.local_addr());
         // Providers reach this gateway at its real port (the configured one is 0).
         if config.public_url.is_none() {

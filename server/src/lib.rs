@@ -22,6 +22,7 @@ pub mod provider;
 pub mod send;
 pub mod state;
 pub mod store;
+pub mod tls;
 pub mod trace;
 pub mod webhooks;
 
@@ -43,6 +44,8 @@ pub enum StartError {
     Store(#[from] store::StoreError),
     #[error("building the API description: {0}")]
     Api(String),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error("starting the HTTP server: {0}")]
     Http(String),
     #[error("starting the metrics listener: {0}")]
@@ -81,7 +84,7 @@ impl Parts {
 pub struct RunningServer {
     http: dropshot::HttpServer<Arc<state::AppState>>,
     metrics: Option<dropshot::HttpServer<Arc<metrics::MetricsContext>>>,
-    tls: Option<dropshot::ConfigTls>,
+    tls: Option<tls::TlsFiles>,
     store: Store,
     workers: Vec<JoinHandle<()>>,
     dispatcher: Option<webhooks::DispatcherHandle>,
@@ -98,13 +101,35 @@ impl RunningServer {
     }
 
     /// Reads the certificate and key files again and serves them to new connections;
-    /// connections already open keep theirs. A pair that does not load is refused and
-    /// the current one stays.
-    pub async fn reload_tls(&self) -> Result<(), String> {
-        let tls = self.tls.as_ref().ok_or_else(|| "HTTPS is not configured".to_string())?;
-        // Dropshot's own refresh panics on a bad pair: check it first.
-        rustls::ServerConfig::try_from(tls).map_err(|e| e.to_string())?;
-        self.http.refresh_tls(tls).await
+    /// connections already open keep theirs. A pair that does not load (see
+    /// [`tls::TlsFiles::load`]) is refused, logged and counted
+    /// (`gateway_tls_reload_failures_total`), and the current one stays.
+    pub async fn reload_tls(&self) -> Result<(), tls::TlsError> {
+        let files = self.tls.as_ref().ok_or(tls::TlsError::NotConfigured)?;
+        let result = match files.load_guarded().await {
+            // Dropshot takes a finished configuration as is (its `TryFrom` returns
+            // `Dynamic` unchanged): nothing left for it to refuse, or panic on.
+            Ok(loaded) => self
+                .http
+                .refresh_tls(&dropshot::ConfigTls::Dynamic(loaded.config))
+                .await
+                .map(|()| loaded.sha256)
+                .map_err(tls::TlsError::Refresh),
+            Err(e) => Err(e),
+        };
+        let m = metrics::get();
+        match result {
+            Ok(sha256) => {
+                m.tls_reloads.inc();
+                info!(self.log, "TLS certificate reloaded"; "cert_file" => %files.cert.display(), "sha256" => sha256);
+                Ok(())
+            }
+            Err(e) => {
+                m.tls_reload_failures.inc();
+                warn!(self.log, "TLS certificate refused; the current one stays"; "error" => %e);
+                Err(e)
+            }
+        }
     }
 
     /// The store the server uses.
@@ -159,6 +184,12 @@ pub async fn start_server(log: Logger, config: &Config) -> Result<RunningServer,
 /// Starts the gateway with the given parts.
 pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Result<RunningServer, StartError> {
     let config = Arc::new(config.clone());
+    // Checked first: a pair that does not load stops the start before anything else.
+    let tls = config.tls.files();
+    let tls_loaded = match &tls {
+        Some(files) => Some(files.load_guarded().await?),
+        None => None,
+    };
     if config.allow_loopback_targets {
         warn!(
             log,
@@ -205,10 +236,10 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     // Every answer is counted from Dropshot's "request completed" record (see metrics).
     let http_log = log.new(slog::o!("component" => "http"));
     let http_log = Logger::root(slog::Duplicate::new(metrics::HttpDrain, http_log).fuse(), slog::o!());
-    let tls = config.tls.dropshot();
+    let sha256 = tls_loaded.as_ref().map(|l| l.sha256.clone());
     let http = ServerBuilder::new(api, state, http_log)
         .config(dropshot_config)
-        .tls(tls.clone())
+        .tls(tls_loaded.map(|l| dropshot::ConfigTls::Dynamic(l.config)))
         .start()
         .map_err(|e| StartError::Http(e.to_string()))?;
     let metrics = match config.metrics_listen {
@@ -234,7 +265,7 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         webhooks::Dispatcher::new(store.clone(), config.webhooks.clone(), config.allow_loopback_targets, log).spawn()
     });
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
-          "provider" => &config.provider, "https" => tls.is_some());
+          "provider" => &config.provider, "https" => tls.is_some(), "certificate_sha256" => sha256);
     Ok(RunningServer { http, metrics, tls, store, workers, dispatcher, policies, settling, log })
 }
 

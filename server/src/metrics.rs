@@ -3,16 +3,18 @@
 //!
 //! Counters and histograms live in one process-wide registry that the parts update as
 //! they work: the send pipeline (sends by decision and error, policy evaluation and
-//! provider request times), the webhook dispatcher, the PBX webhook and the provider
-//! ingress. HTTP requests are counted from Dropshot's own "request completed" log
-//! record ([`HttpDrain`]): Dropshot has no middleware, and that record is the one place
-//! that sees every answer, a router 404 or an extractor's 400 included. The outbox
-//! backlog and the instances by state are read from the store at each scrape.
+//! provider request times), the webhook dispatcher, the PBX webhook, the provider
+//! ingress and the TLS certificate's reloads. HTTP requests are counted from
+//! Dropshot's own "request completed" log record ([`HttpDrain`]): Dropshot has no
+//! middleware, and that record is the one place that sees every answer, a router 404
+//! or an extractor's 400 included. The outbox backlog and the instances by state are
+//! read from the store at each scrape.
 
 use crate::store::{Store, StoreError, now_ms};
 use dropshot::{Body, HttpError, RequestContext, endpoint};
 use prometheus::{
-    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 use std::sync::{Arc, LazyLock};
 
@@ -29,6 +31,8 @@ pub struct Metrics {
     pub ingress_events: IntCounterVec,
     pub password_work: IntCounterVec,
     pub signin_refused: IntCounterVec,
+    pub tls_reloads: IntCounter,
+    pub tls_reload_failures: IntCounter,
     outbox_pending: IntGauge,
     outbox_oldest_age: Gauge,
     instances: IntGaugeVec,
@@ -37,6 +41,12 @@ pub struct Metrics {
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid counter");
+    registry.register(Box::new(c.clone())).expect("registered once");
+    c
+}
+
+fn plain_counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("a valid counter");
     registry.register(Box::new(c.clone())).expect("registered once");
     c
 }
@@ -138,6 +148,16 @@ impl Metrics {
                 "gateway_signin_refused_total",
                 "Sign-in attempts refused before any password work, by reason (source: too many from one address; account: too many on one email; busy: no hashing slot).",
                 &["reason"],
+            ),
+            tls_reloads: plain_counter(
+                &registry,
+                "gateway_tls_reloads_total",
+                "TLS certificate and key pairs loaded again (SIGHUP) and served to new connections.",
+            ),
+            tls_reload_failures: plain_counter(
+                &registry,
+                "gateway_tls_reload_failures_total",
+                "TLS certificate and key pairs refused on reload (SIGHUP): unreadable, not PEM, no certificate or key, or a key that is not the certificate's; the current pair stays.",
             ),
             pbx_events: counter(
                 &registry,
