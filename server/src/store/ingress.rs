@@ -161,7 +161,7 @@ impl Store {
 /// transaction that reads first and writes later cannot wait for the lock when the
 /// send path's writer committed in between (it fails at once with SQLITE_BUSY); a
 /// write first makes it wait like any writer. On PostgreSQL the statement is a no-op.
-async fn write_transaction(pool: &sqlx::AnyPool) -> Result<Transaction<'static, Any>, StoreError> {
+pub(super) async fn write_transaction(pool: &sqlx::AnyPool) -> Result<Transaction<'static, Any>, StoreError> {
     let mut tx = pool.begin().await?;
     sqlx::query("UPDATE provider_events SET error = error WHERE 1 = 0").execute(&mut *tx).await?;
     Ok(tx)
