@@ -527,7 +527,9 @@ async fn a_reply_lifts_the_cap_on_messages_to_someone_who_never_replied() {
 #[tokio::test]
 async fn the_inbound_log_exports_as_csv_with_the_instance_filter() {
     let s = setup("ing_inbound_csv").await;
-    for (i, text) in ["Is my order ready?", "=HYPERLINK(\"http://127.0.0.1/\",\"click\")"].iter().enumerate() {
+    let hostile = [" =1+1", "\n=1+1", "\t@SUM(A1)", "\u{FF1D}1+1", "\u{FF0B}1+1", "\u{FF0D}1+1", "\u{FF20}SUM(A1)"];
+    let texts = ["Is my order ready?", "=HYPERLINK(\"http://127.0.0.1/\",\"click\")"];
+    for (i, text) in texts.iter().chain(&hostile).enumerate() {
         let body =
             upsert(&format!("551199999000{i}@s.whatsapp.net"), &format!("3AE99D6A1DBF3F9A057{i}"), text, json!({}));
         assert_eq!(s.post(&body).await, 200);
@@ -550,11 +552,15 @@ async fn the_inbound_log_exports_as_csv_with_the_instance_filter() {
     let mut reader = csv::Reader::from_reader(csv.body.as_bytes());
     let header: Vec<String> = reader.headers().unwrap().iter().map(str::to_string).collect();
     let rows: Vec<Vec<String>> = reader.records().map(|r| r.unwrap().iter().map(str::to_string).collect()).collect();
-    assert_eq!(rows.len(), 2, "{}", csv.body);
+    assert_eq!(rows.len(), 2 + hostile.len(), "{}", csv.body);
     let text = header.iter().position(|h| h == "text").expect("a text column");
     let from = header.iter().position(|h| h == "from").expect("a from column");
-    let mut texts: Vec<&str> = rows.iter().map(|r| r[text].as_str()).collect();
-    texts.sort();
-    assert_eq!(texts, ["'=HYPERLINK(\"http://127.0.0.1/\",\"click\")", "Is my order ready?"], "a formula is defused");
+    let mut exported: Vec<&str> = rows.iter().map(|r| r[text].as_str()).collect();
+    exported.sort();
+    let mut expected: Vec<String> = hostile.iter().map(|t| format!("'{t}")).collect();
+    expected.extend(["'=HYPERLINK(\"http://127.0.0.1/\",\"click\")".to_string(), "Is my order ready?".to_string()]);
+    expected.sort();
+    assert_eq!(exported, expected, "every formula is defused, behind whitespace or in fullwidth form too");
     assert!(rows.iter().any(|r| r[from] == "+5511999990000"));
 }
+

@@ -193,6 +193,20 @@ async fn the_csv_export_applies_the_filters_and_defuses_formulas() {
     assert_eq!(col(&header, &rows[1], "state"), "refused");
     let none = csv_rows(&ana.get("/exports/messages.csv?recipient=%2B14155550399").await.body);
     assert_eq!(none.len(), 1, "only the header when nothing matches");
+    // A purpose is logged as given: one behind whitespace or in fullwidth form is a
+    // formula to some spreadsheets, and is defused too.
+    let hostile = [" =1+1", "\n=1+1", "\r@SUM(A1)", "\u{a0}=1+1", "\u{FF1D}1+1", "\u{FF0B}1+1", "\u{FF20}SUM(A1)"];
+    for purpose in hostile {
+        let body = json!({"instance_id": "main", "phone": "+14155550303", "message_purpose": purpose, "message": "Hi"});
+        let (status, answer) = cx.send_json(&body).await;
+        assert_eq!(answer["error"], "message_purpose_not_allowed", "{status} {answer}");
+    }
+    let rows = csv_rows(&ana.get("/exports/messages.csv?recipient=%2B14155550303").await.body);
+    let mut purposes: Vec<&str> = rows[1..].iter().map(|r| col(&header, r, "purpose")).collect();
+    purposes.sort();
+    let mut expected: Vec<String> = hostile.iter().map(|p| format!("'{p}")).collect();
+    expected.sort();
+    assert_eq!(purposes, expected);
     // Signed out, nothing.
     let stranger = DashClient::new(&cx.base_url);
     assert_ne!(stranger.get("/exports/messages.csv").await.status, 200);
