@@ -167,10 +167,14 @@ pub(super) async fn write_transaction(pool: &sqlx::AnyPool) -> Result<Transactio
     Ok(tx)
 }
 
-/// Writes the outbox event of type `events::$ty` with these fields (and the base).
+/// Writes the outbox event of type `events::$ty` with these fields (and the base);
+/// `log = id` names the message-log row it is about, when there is one.
 macro_rules! emit {
     ($tx:expr, $instance:expr, $at:expr, $applied:expr, $ty:ident { $($fields:tt)* }) => {
-        event($tx, $instance, $at, events::$ty::NAME, |base| serde_json::to_value(events::$ty { base, $($fields)* }), $applied)
+        emit!($tx, $instance, $at, $applied, log = None, $ty { $($fields)* })
+    };
+    ($tx:expr, $instance:expr, $at:expr, $applied:expr, log = $log:expr, $ty:ident { $($fields:tt)* }) => {
+        event($tx, $instance, $at, $log, events::$ty::NAME, |base| serde_json::to_value(events::$ty { base, $($fields)* }), $applied)
     };
 }
 
@@ -178,6 +182,7 @@ async fn event(
     tx: &mut Transaction<'static, Any>,
     instance: &Instance,
     at: i64,
+    log_id: Option<i64>,
     name: &str,
     body: impl FnOnce(events::EventBase) -> serde_json::Result<Value>,
     applied: &mut Applied,
@@ -191,14 +196,15 @@ async fn event(
     let payload = body(base).map_err(|e| StoreError::Conflict(format!("event body: {e}")))?;
     let now = now_ms();
     sqlx::query(
-        "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, available_at) \
-         VALUES ($1, $2, $3, $4, $5, $5)",
+        "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, available_at, log_id) \
+         VALUES ($1, $2, $3, $4, $5, $5, $6)",
     )
     .bind(&instance.customer_id)
     .bind(&instance.id)
     .bind(name)
     .bind(payload.to_string())
     .bind(now)
+    .bind(log_id)
     .execute(&mut **tx)
     .await?;
     applied.events.push(name.to_string());
@@ -412,49 +418,37 @@ async fn apply(
             .bind(step(status == "ERROR"))
             .execute(&mut **tx)
             .await?;
-            // A send whose outcome was unknown is settled by the provider's own event.
-            let settled = sqlx::query(
-                "UPDATE message_log SET status = 'sent' WHERE provider_message_id = $1 AND instance_id = $2 \
-                 AND status = 'unknown' RETURNING recipient, purpose",
-            )
-            .bind(external_id)
-            .bind(&instance.id)
-            .fetch_optional(&mut **tx)
-            .await?;
-            let from = remote_jid.as_deref().and_then(phone_of);
-            if let Some(row) = settled {
-                let to: Option<String> = row.try_get("recipient")?;
-                let purpose: Option<String> = row.try_get("purpose")?;
-                let (to, message_purpose) = (to.unwrap_or_default(), purpose.unwrap_or_default());
+            // The send the status is about (its events name it), settled by the
+            // provider's own event if its outcome was unknown.
+            let message = sent_message(tx, instance, external_id).await?;
+            let log = message.as_ref().map(|m| m.id);
+            if let Some(m) = message.as_ref().filter(|m| m.status == "unknown")
+                && settle_unknown(tx, m.id, external_id).await?
+            {
+                let (to, message_purpose) = (m.recipient.clone(), m.purpose.clone());
                 let message_id = Some(external_id.clone());
-                emit!(tx, instance, received_at, applied, MessageSent { to, message_purpose, message_id }).await?;
+                emit!(tx, instance, received_at, applied, log = log, MessageSent { to, message_purpose, message_id })
+                    .await?;
             }
+            let from = remote_jid.as_deref().and_then(phone_of);
             let fields = events::StatusFields {
                 from: from.clone(),
                 external_message_id: Some(external_id.clone()),
                 status: Some(status.clone()),
             };
             match status.as_str() {
-                "DELIVERY_ACK" => emit!(tx, instance, received_at, applied, MessageDelivered { status: fields }).await,
-                "READ" => emit!(tx, instance, received_at, applied, MessageRead { status: fields }).await,
+                "DELIVERY_ACK" => {
+                    emit!(tx, instance, received_at, applied, log = log, MessageDelivered { status: fields }).await
+                }
+                "READ" => emit!(tx, instance, received_at, applied, log = log, MessageRead { status: fields }).await,
                 // Played is read, unless read was already reported.
                 "PLAYED" if previous.is_none_or(|p| p < status_rank("READ")) => {
-                    emit!(tx, instance, received_at, applied, MessageRead { status: fields }).await
+                    emit!(tx, instance, received_at, applied, log = log, MessageRead { status: fields }).await
                 }
                 "PLAYED" => Ok(()),
                 "ERROR" => {
-                    let row = sqlx::query(
-                        "SELECT recipient, purpose FROM message_log WHERE provider_message_id = $1 AND instance_id = $2",
-                    )
-                    .bind(external_id)
-                    .bind(&instance.id)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-                    let (to, message_purpose) = match row {
-                        Some(r) => (
-                            r.try_get::<Option<String>, _>("recipient")?.unwrap_or_default(),
-                            r.try_get::<Option<String>, _>("purpose")?.unwrap_or_default(),
-                        ),
+                    let (to, message_purpose) = match message {
+                        Some(m) => (m.recipient, m.purpose),
                         None => (from.unwrap_or_default(), String::new()),
                     };
                     emit!(
@@ -462,11 +456,14 @@ async fn apply(
                         instance,
                         received_at,
                         applied,
+                        log = log,
                         MessageFailed { to, message_purpose, error: "provider_error".into() }
                     )
                     .await
                 }
-                _ => emit!(tx, instance, received_at, applied, MessageStatusUpdated { status: fields }).await,
+                _ => {
+                    emit!(tx, instance, received_at, applied, log = log, MessageStatusUpdated { status: fields }).await
+                }
             }
         }
         Fact::Connection { state: reported, reason } => {
@@ -494,7 +491,7 @@ async fn apply(
             let settled = sqlx::query(
                 "UPDATE message_log SET status = 'sent', provider_message_id = $1 WHERE id = (SELECT id FROM message_log \
                  WHERE instance_id = $2 AND recipient = $3 AND status = 'unknown' AND created_at >= $4 \
-                 ORDER BY id DESC LIMIT 1) RETURNING purpose",
+                 ORDER BY id DESC LIMIT 1) RETURNING id, purpose",
             )
             .bind(external_id)
             .bind(&instance.id)
@@ -507,8 +504,8 @@ async fn apply(
                 return Ok(());
             };
             let message_purpose = row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default();
-            let message_id = Some(external_id.clone());
-            emit!(tx, instance, received_at, applied, MessageSent { to, message_purpose, message_id }).await
+            let (message_id, log) = (Some(external_id.clone()), Some(row.try_get::<i64, _>("id")?));
+            emit!(tx, instance, received_at, applied, log = log, MessageSent { to, message_purpose, message_id }).await
         }
         Fact::LoggedOut => change_state(tx, instance, "close", "logged_out", received_at, state, applied).await,
         Fact::Qr { available, base64, .. } => {
@@ -574,6 +571,52 @@ async fn apply(
             Ok(())
         }
     }
+}
+
+/// A send of an instance, as the provider's events about it need it.
+struct SentMessage {
+    id: i64,
+    status: String,
+    recipient: String,
+    purpose: String,
+}
+
+fn sent_message_of(row: &sqlx::any::AnyRow) -> Result<SentMessage, StoreError> {
+    Ok(SentMessage {
+        id: row.try_get("id")?,
+        status: row.try_get("status")?,
+        recipient: row.try_get::<Option<String>, _>("recipient")?.unwrap_or_default(),
+        purpose: row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default(),
+    })
+}
+
+/// The send of `instance` that the provider knows as `external_id` (by index).
+async fn sent_message(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    external_id: &str,
+) -> Result<Option<SentMessage>, StoreError> {
+    let row = sqlx::query(
+        "SELECT id, status, recipient, purpose FROM message_log WHERE instance_id = $1 AND provider_message_id = $2 \
+         ORDER BY id DESC LIMIT 1",
+    )
+    .bind(&instance.id)
+    .bind(external_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.as_ref().map(sent_message_of).transpose()
+}
+
+/// Makes an `unknown` send `sent`, with the provider's id; whether this call did.
+async fn settle_unknown(tx: &mut Transaction<'static, Any>, id: i64, external_id: &str) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "UPDATE message_log SET status = 'sent', provider_message_id = $2 WHERE id = $1 AND status = 'unknown'",
+    )
+    .bind(id)
+    .bind(external_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 async fn set_state(tx: &mut Transaction<'static, Any>, instance: &Instance, state: &str) -> Result<(), StoreError> {
@@ -761,6 +804,7 @@ impl Store {
                 &instance,
                 now,
                 &mut applied,
+                log = Some(id),
                 MessageFailed { to, message_purpose, error: "no_delivery_ack".into() }
             )
             .await?;
