@@ -548,11 +548,16 @@ async fn suppressions_add_import_export_and_refuse_sends() {
     assert!(first.body.contains("Page 1 of 2") && first.body.contains("rel=\"next\""));
     let second = ana.get("/suppressed-recipients?page=2").await;
     assert_eq!(second.body.matches("<tr><td><code>").count(), 6);
-    // Export: every row, with reason and source; the formula is neutralised.
+    // Export: every row, with reason and source; the formulas are neutralised, those
+    // behind a space or in fullwidth form too.
+    cx.store().add_suppression(&cx.tenant.customer_id, "+14155550125", " =asked", "manual").await.unwrap();
+    cx.store().add_suppression(&cx.tenant.customer_id, "+14155550126", "\u{FF1D}asked", "manual").await.unwrap();
     let export = ana.get("/suppressed-recipients/export").await;
     assert!(export.content_type.starts_with("text/csv"));
-    assert_eq!(export.body.lines().count(), 57);
+    assert_eq!(export.body.lines().count(), 59);
     assert!(export.body.contains("+14155550123,'=asked us to stop,manual,"), "{}", &export.body[..200]);
+    assert!(export.body.contains("+14155550125,' =asked,manual,"), "{}", &export.body[..300]);
+    assert!(export.body.contains("+14155550126,'\u{FF1D}asked,manual,"), "{}", &export.body[..300]);
     assert!(export.body.contains("+14155551000,import test,import,"));
     // Remove: sends go through again.
     let removed =

@@ -107,6 +107,115 @@ async fn the_log_shows_each_messages_delivery_state_its_steps_and_its_webhook_de
     cx.teardown().await;
 }
 
+/// A message's detail reads its events by the link each event has to its log row (an
+/// index), not by searching event bodies for the provider's id: a failure without a
+/// provider id shows its event, ids that differ where SQL's `_` would match any
+/// character each show their own, and events written before the link existed are still
+/// found for rows logged before it.
+#[tokio::test]
+async fn a_messages_detail_reads_its_events_by_its_row() {
+    use gateway_server::ingress::evolution::Fact;
+    use sqlx::{Connection, Executor};
+    let cx = TestContext::with("insight_links", |c| c.simulator_status_delay_ms = 50, None).await;
+    cx.lift_velocity(&cx.tenant.customer_id).await;
+    let ana = owner(&cx, "ana@links.example").await;
+    let store = cx.store();
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&cx.config.database_url).await.unwrap();
+    let linked = async |conn: &mut sqlx::AnyConnection, log_id: i64| -> Vec<String> {
+        sqlx::query_scalar(format!("SELECT event_type FROM outbox WHERE log_id = {log_id} ORDER BY id").as_str())
+            .fetch_all(conn)
+            .await
+            .unwrap()
+    };
+    // Sent, then reported delivered and read: every event names the row.
+    let (status, sent) = cx.send_json(&send("+14155550111", "Your order shipped")).await;
+    assert_eq!(status, 200, "{sent}");
+    let log_id = sent["log_id"].as_i64().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while linked(&mut conn, log_id).await.len() < 3 {
+        assert!(Instant::now() < deadline, "{:?}", linked(&mut conn, log_id).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(linked(&mut conn, log_id).await, ["message.sent", "message.delivered", "message.read"]);
+    let detail = ana.get(&format!("/messages/{log_id}")).await.body;
+    assert!(["message.sent", "message.delivered", "message.read"].iter().all(|e| detail.contains(e)), "{detail}");
+    // A clean failure has no provider id; its event is found all the same.
+    let (status, _) = cx.send_json(&send("+15005550001", "Your order shipped")).await;
+    assert_eq!(status, 502);
+    let failed = store.recent_log(&cx.tenant.customer_id, 1).await.unwrap()[0].0;
+    assert_eq!(linked(&mut conn, failed).await, ["message.failed"]);
+    assert!(ana.get(&format!("/messages/{failed}")).await.body.contains("message.failed"));
+
+    // Two sends whose provider ids differ only where `_` stands in a LIKE pattern.
+    let row = |id: &str| LogEntry {
+        customer_id: cx.tenant.customer_id.clone(),
+        instance_id: Some(cx.tenant.instance_id.clone()),
+        source: "api".into(),
+        purpose: Some("transactional".into()),
+        recipient: Some("+14155550112".into()),
+        message_type: Some("text".into()),
+        decision: "allowed".into(),
+        provider_message_id: Some(id.into()),
+        status: "sent".into(),
+        created_at: now_ms() - 1_000,
+        ..LogEntry::default()
+    };
+    // A row written whole with its event (`record_attempt`): the event names it too.
+    let event = gateway_server::store::OutboxEvent {
+        customer_id: cx.tenant.customer_id.clone(),
+        instance_id: Some(cx.tenant.instance_id.clone()),
+        event_type: "message.sent".into(),
+        payload: json!({"event": "message.sent", "message_id": "REC1"}),
+        created_at: now_ms(),
+    };
+    let recorded = store.record_attempt(&row("REC1"), Some(&event)).await.unwrap();
+    assert_eq!(linked(&mut conn, recorded).await, ["message.sent"]);
+    let underscore = store.record_attempt(&row("AB_1"), None).await.unwrap();
+    let letter = store.record_attempt(&row("ABC1"), None).await.unwrap();
+    let main = store.instance(&cx.tenant.instance_id).await.unwrap();
+    let delivered = Fact::Status {
+        external_id: "ABC1".into(),
+        remote_jid: Some("14155550112@s.whatsapp.net".into()),
+        status: "DELIVERY_ACK".into(),
+    };
+    store.apply_facts(&main, &[delivered], now_ms()).await.unwrap();
+    assert_eq!(linked(&mut conn, letter).await, ["message.delivered"]);
+    assert!(ana.get(&format!("/messages/{letter}")).await.body.contains("message.delivered"));
+    let other = ana.get(&format!("/messages/{underscore}")).await.body;
+    assert!(!other.contains("message.delivered"), "another message's event: {other}");
+    assert!(other.contains("No webhook event was written about this message."), "{other}");
+
+    // Events written before events named their row (the migration marks where that
+    // began): found by the id in their body, exactly, for rows logged before then.
+    let event = |event_type: &str, id: &str| {
+        let payload = json!({"event": event_type, "instance_id": cx.tenant.instance_id, "instance_name": "main",
+                             "timestamp": "2026-01-01T00:00:00.000Z", "external_message_id": id});
+        format!(
+            "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, available_at) \
+             VALUES ('{}', '{}', '{event_type}', '{payload}', {2}, {2})",
+            cx.tenant.customer_id,
+            cx.tenant.instance_id,
+            now_ms()
+        )
+    };
+    conn.execute(event("message.read", "AB_1").as_str()).await.unwrap();
+    conn.execute(event("message.status_updated", "ABX1").as_str()).await.unwrap();
+    let before_the_link = ana.get(&format!("/messages/{underscore}")).await.body;
+    assert!(!before_the_link.contains("message.read"), "rows logged after the link are read by it alone");
+    conn.execute(
+        format!("UPDATE outbox_unlinked SET log_through = {letter}, outbox_through = (SELECT MAX(id) FROM outbox)")
+            .as_str(),
+    )
+    .await
+    .unwrap();
+    let old = ana.get(&format!("/messages/{underscore}")).await.body;
+    assert!(old.contains("message.read"), "{old}");
+    assert!(!old.contains("message.status_updated") && !old.contains("message.delivered"), "{old}");
+    conn.close().await.ok();
+    cx.teardown().await;
+}
+
 #[tokio::test]
 async fn every_chart_has_a_name_a_picture_and_its_numbers() {
     let cx = TestContext::new("insight_charts").await;
@@ -193,6 +302,20 @@ async fn the_csv_export_applies_the_filters_and_defuses_formulas() {
     assert_eq!(col(&header, &rows[1], "state"), "refused");
     let none = csv_rows(&ana.get("/exports/messages.csv?recipient=%2B14155550399").await.body);
     assert_eq!(none.len(), 1, "only the header when nothing matches");
+    // A purpose is logged as given: one behind whitespace or in fullwidth form is a
+    // formula to some spreadsheets, and is defused too.
+    let hostile = [" =1+1", "\n=1+1", "\r@SUM(A1)", "\u{a0}=1+1", "\u{FF1D}1+1", "\u{FF0B}1+1", "\u{FF20}SUM(A1)"];
+    for purpose in hostile {
+        let body = json!({"instance_id": "main", "phone": "+14155550303", "message_purpose": purpose, "message": "Hi"});
+        let (status, answer) = cx.send_json(&body).await;
+        assert_eq!(answer["error"], "message_purpose_not_allowed", "{status} {answer}");
+    }
+    let rows = csv_rows(&ana.get("/exports/messages.csv?recipient=%2B14155550303").await.body);
+    let mut purposes: Vec<&str> = rows[1..].iter().map(|r| col(&header, r, "purpose")).collect();
+    purposes.sort();
+    let mut expected: Vec<String> = hostile.iter().map(|p| format!("'{p}")).collect();
+    expected.sort();
+    assert_eq!(purposes, expected);
     // Signed out, nothing.
     let stranger = DashClient::new(&cx.base_url);
     assert_ne!(stranger.get("/exports/messages.csv").await.status, 200);

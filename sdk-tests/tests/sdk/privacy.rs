@@ -177,3 +177,60 @@ async fn erasure_removes_or_redacts_a_person_in_every_table_and_keeps_the_opt_ou
     conn.close().await.ok();
     cx.teardown().await;
 }
+
+/// A request refused before its number was checked logs the number in E.164, and rows
+/// logged before that with the number as given (`+1 415 555 0111`, ...) are erased
+/// with it: erasure matches every stored spelling that reads as the same number, and
+/// no other number.
+#[tokio::test]
+async fn erasure_finds_every_spelling_of_the_number() {
+    use gateway_server::store::LogEntry;
+    let cx = TestContext::new("erase_spellings").await;
+    let store: &Store = cx.store();
+    let customer = &cx.tenant.customer_id;
+    // No purpose: refused before the number's turn, logged in E.164 all the same.
+    let (status, body) =
+        cx.send_json(&json!({"instance_id": "main", "phone": "+1 415 555 0111", "message": "Hi"})).await;
+    assert_eq!((status, body["error"].as_str()), (422, Some("message_purpose_required")), "{body}");
+    let logged = store.recent_log(customer, 1).await.unwrap();
+    assert_eq!(logged[0].1.recipient.as_deref(), Some("+14155550111"));
+    // Rows logged as given, before the log normalised refused numbers.
+    let spellings = ["+1 415 555 0111", "1-415-555-0111", "001 (415) 555.0111", "+1\u{a0}415\u{a0}555\u{a0}0111"];
+    let others = ["+1 415 555 0112", "(415) 555-0111", "0111", "not a number"];
+    for raw in spellings.iter().chain(&others) {
+        let entry = LogEntry {
+            customer_id: customer.clone(),
+            source: "api".into(),
+            recipient: Some(raw.to_string()),
+            decision: "refused".into(),
+            error_code: Some("message_purpose_required".into()),
+            policy: Some("gateway/schema".into()),
+            reason: Some("message_purpose is required".into()),
+            status: "refused".into(),
+            created_at: now_ms(),
+            ..LogEntry::default()
+        };
+        store.record_attempt(&entry, None).await.unwrap();
+    }
+
+    let report = store.erase_person(customer, "+14155550111").await.unwrap();
+    let rows = |table: &str| report.iter().find(|e| e.table == table).map(|e| (e.action, e.rows)).unwrap();
+    assert_eq!(rows("message_log"), ("redacted", 1 + spellings.len() as u64), "{report:?}");
+    let mut conn = connect(&cx).await;
+    let left: Vec<String> = sqlx::query_scalar(
+        "SELECT recipient FROM message_log WHERE customer_id = $1 AND recipient <> '(erased)' ORDER BY id",
+    )
+    .bind(customer)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(left, others, "every spelling of the number is gone, and only those");
+    let kept_reasons = count(
+        &mut conn,
+        &format!("SELECT COUNT(*) FROM message_log WHERE customer_id = '{customer}' AND reason IS NOT NULL"),
+    )
+    .await;
+    assert_eq!(kept_reasons, others.len() as i64, "the erased rows' reasons are dropped");
+    conn.close().await.ok();
+    cx.teardown().await;
+}

@@ -130,21 +130,36 @@ where
     })
 }
 
-/// A cell as a spreadsheet may safely open it: text that would start a formula (`=`,
-/// `@`, a tab, a carriage return, or `+`/`-` not followed by a number) gets a leading
-/// apostrophe. Phone numbers (`+14155550123`) stay as they are.
+/// A cell as a spreadsheet may safely open it: text that a spreadsheet could read as a
+/// formula gets a leading apostrophe (OWASP's CSV injection advice, widened). That is
+/// text starting with `=`, `@`, or `+`/`-` not followed by a plain number; their
+/// fullwidth forms (`＝` `＋` `－` `＠`, which some spreadsheets fold to the ASCII
+/// ones); or any whitespace, control or invisible character (tab, CR, LF, a space, a
+/// no-break space, NUL, a zero-width space, a byte-order mark ...), which spreadsheets
+/// may strip before they look at what follows. Every CSV the dashboard writes passes
+/// each cell through here. Phone numbers (`+14155550123`) and signed numbers stay as
+/// they are.
 pub fn cell(value: &str) -> String {
     let mut chars = value.chars();
     let formula = match chars.next() {
-        Some('=' | '@' | '\t' | '\r') => true,
+        None => false,
         // A signed number stays a number; anything else after a sign is a formula.
         Some('+' | '-') => {
             let rest = chars.as_str();
             rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_digit() || b == b'.')
         }
-        _ => false,
+        Some(first) => starts_formula(first),
     };
     if formula { format!("'{value}") } else { value.to_string() }
+}
+
+/// Whether a cell starting with `c` (other than an ASCII sign) may be read as a formula.
+fn starts_formula(c: char) -> bool {
+    matches!(c, '=' | '@' | '\u{FF1D}' | '\u{FF0B}' | '\u{FF0D}' | '\u{FF20}')
+        || c.is_whitespace()
+        || c.is_control()
+        // Invisible format characters: zero-width space, joiners, marks, word joiner, BOM.
+        || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}')
 }
 
 #[cfg(test)]
@@ -183,6 +198,46 @@ mod tests {
         })
         .await;
         assert_eq!(cut, (b"a\n".to_vec(), false));
+    }
+
+    #[test]
+    fn cells_starting_with_whitespace_or_a_control_character_are_defused() {
+        for value in [
+            " =1+1",
+            "  @SUM(A1)",
+            "\t=1+1",
+            "\r=1+1",
+            "\n=1+1",
+            "\r\n=1+1",
+            "\u{a0}=1+1",
+            "\u{3000}=1+1",
+            "\u{2028}=1+1",
+            "\0=1+1",
+            "\u{200B}=1+1",
+            "\u{FEFF}=1+1",
+            " plain",
+            " -5",
+        ] {
+            assert_eq!(cell(value), format!("'{value}"), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn fullwidth_formula_characters_are_defused() {
+        for value in
+            ["\u{FF1D}1+1", "\u{FF0B}cmd|' /C calc'!A0", "\u{FF0D}2+3", "\u{FF20}SUM(A1)", "\u{FF0B}14155550123"]
+        {
+            assert_eq!(cell(value), format!("'{value}"), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn ordinary_text_numbers_and_phone_numbers_stay_as_they_are() {
+        for value in
+            ["", "plain", "Is my order ready?", "a=b", "+14155550123", "-5", "-2.5", "42", "Ünïcode", "\u{FF21}bc"]
+        {
+            assert_eq!(cell(value), value, "{value:?}");
+        }
     }
 
     #[test]

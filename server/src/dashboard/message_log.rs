@@ -221,10 +221,7 @@ async fn message_get(rqctx: Ctx, path: Path<MessagePath>) -> Result<Response<Bod
         let id = path.into_inner().id;
         let store = &rqctx.context().store;
         let row = store.customer_log_row(viewer.customer_id()?, id).await?.ok_or(DashError::NotFound)?;
-        let events = match &row.entry.provider_message_id {
-            Some(message_id) => store.message_events(viewer.customer_id()?, message_id).await?,
-            None => Vec::new(),
-        };
+        let events = store.message_events(viewer.customer_id()?, &row).await?;
         let instances = instance_names(&rqctx, &viewer).await?;
         let e = &row.entry;
         let instance = e
@@ -257,7 +254,7 @@ async fn message_get(rqctx: Ctx, path: Path<MessagePath>) -> Result<Response<Bod
             @if e.policy_trace.is_some() { h2 { "Policies" } (policy_trace(e.policy_trace.as_deref())) }
             h2 { "Webhook deliveries" }
             @if events.is_empty() {
-                p.hint { "No webhook event of this account carries this message's id." }
+                p.hint { "No webhook event was written about this message." }
             } @else {
                 table #deliveries {
                     thead { tr { th { "Event" } th { "Written" } th { "Attempts" } th { "Delivered" } } }

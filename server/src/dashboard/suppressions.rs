@@ -221,7 +221,8 @@ async fn suppressions_export_get(rqctx: Ctx) -> Result<Response<Body>, HttpError
             let at = chrono::DateTime::from_timestamp_millis(s.created_at)
                 .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
                 .unwrap_or_default();
-            writer.write_record([s.phone.as_str(), &cell(&s.reason), &cell(&s.source), &at]).map_err(io)?;
+            let record = [s.phone.as_str(), &s.reason, &s.source, &at];
+            writer.write_record(record.iter().map(|v| cell(v))).map_err(io)?;
         }
         let bytes = writer.into_inner().map_err(|e| DashError::Internal(e.to_string()))?;
         let mut response = Response::new(Body::from(bytes));

@@ -414,9 +414,14 @@ impl Sender {
             api_key_id: input.api_key_id.clone(),
             source: input.source.to_string(),
             purpose: input.body.message_purpose.as_deref().map(|p| truncate(p, 64)),
+            // A request refused before its number was checked (no purpose, a bad
+            // instance id, ...) still logs the number in E.164 when it reads as one, so
+            // that the recipient filter and erasure find it; else as given.
             recipient: match &a.checked {
                 Some(c) => Some(c.phone.e164.clone()),
-                None => input.body.phone.as_deref().map(|p| truncate(p, 32)),
+                None => {
+                    input.body.phone.as_deref().map(|p| phone::normalize(p).map_or_else(|| truncate(p, 32), |n| n.e164))
+                }
             },
             message_type: a.checked.as_ref().map(|c| c.message_type().to_string()),
             created_at: now,

@@ -255,7 +255,8 @@ fn sqlite_finish(tx: &rusqlite::Transaction<'_>, f: &Finish) -> Result<bool, Sto
         return Ok(false);
     }
     if let Some(event) = &f.event {
-        messages::sqlite_outbox(tx, event)?;
+        // The event names its row (`log_id`), as `gateway_send_ops` does (0013).
+        messages::sqlite_outbox(tx, event, Some(f.log_id))?;
     }
     if went_out(&f.status)
         && let (Some(instance), Some(phone)) = (&f.instance_id, &f.recipient)
@@ -287,7 +288,8 @@ fn went_out(status: &str) -> bool {
     matches!(status, "sent" | "unknown")
 }
 
-/// `begin` as an op of `gateway_send_ops` (PostgreSQL, migration 0008).
+/// `begin` as an op of `gateway_send_ops` (PostgreSQL, migration 0008; 0013 has the
+/// `finish` event name its row).
 fn begin_json(b: &Begin) -> serde_json::Value {
     let idem = b.idem.as_ref().map(|i| claim_json(i, b.entry.created_at, b.owner_lease));
     serde_json::json!({"op": "begin", "r": counters::reservations_json(&b.reservations),

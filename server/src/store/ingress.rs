@@ -161,16 +161,20 @@ impl Store {
 /// transaction that reads first and writes later cannot wait for the lock when the
 /// send path's writer committed in between (it fails at once with SQLITE_BUSY); a
 /// write first makes it wait like any writer. On PostgreSQL the statement is a no-op.
-async fn write_transaction(pool: &sqlx::AnyPool) -> Result<Transaction<'static, Any>, StoreError> {
+pub(super) async fn write_transaction(pool: &sqlx::AnyPool) -> Result<Transaction<'static, Any>, StoreError> {
     let mut tx = pool.begin().await?;
     sqlx::query("UPDATE provider_events SET error = error WHERE 1 = 0").execute(&mut *tx).await?;
     Ok(tx)
 }
 
-/// Writes the outbox event of type `events::$ty` with these fields (and the base).
+/// Writes the outbox event of type `events::$ty` with these fields (and the base);
+/// `log = id` names the message-log row it is about, when there is one.
 macro_rules! emit {
     ($tx:expr, $instance:expr, $at:expr, $applied:expr, $ty:ident { $($fields:tt)* }) => {
-        event($tx, $instance, $at, events::$ty::NAME, |base| serde_json::to_value(events::$ty { base, $($fields)* }), $applied)
+        emit!($tx, $instance, $at, $applied, log = None, $ty { $($fields)* })
+    };
+    ($tx:expr, $instance:expr, $at:expr, $applied:expr, log = $log:expr, $ty:ident { $($fields:tt)* }) => {
+        event($tx, $instance, $at, $log, events::$ty::NAME, |base| serde_json::to_value(events::$ty { base, $($fields)* }), $applied)
     };
 }
 
@@ -178,6 +182,7 @@ async fn event(
     tx: &mut Transaction<'static, Any>,
     instance: &Instance,
     at: i64,
+    log_id: Option<i64>,
     name: &str,
     body: impl FnOnce(events::EventBase) -> serde_json::Result<Value>,
     applied: &mut Applied,
@@ -191,14 +196,15 @@ async fn event(
     let payload = body(base).map_err(|e| StoreError::Conflict(format!("event body: {e}")))?;
     let now = now_ms();
     sqlx::query(
-        "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, available_at) \
-         VALUES ($1, $2, $3, $4, $5, $5)",
+        "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, available_at, log_id) \
+         VALUES ($1, $2, $3, $4, $5, $5, $6)",
     )
     .bind(&instance.customer_id)
     .bind(&instance.id)
     .bind(name)
     .bind(payload.to_string())
     .bind(now)
+    .bind(log_id)
     .execute(&mut **tx)
     .await?;
     applied.events.push(name.to_string());
@@ -412,49 +418,37 @@ async fn apply(
             .bind(step(status == "ERROR"))
             .execute(&mut **tx)
             .await?;
-            // A send whose outcome was unknown is settled by the provider's own event.
-            let settled = sqlx::query(
-                "UPDATE message_log SET status = 'sent' WHERE provider_message_id = $1 AND instance_id = $2 \
-                 AND status = 'unknown' RETURNING recipient, purpose",
-            )
-            .bind(external_id)
-            .bind(&instance.id)
-            .fetch_optional(&mut **tx)
-            .await?;
-            let from = remote_jid.as_deref().and_then(phone_of);
-            if let Some(row) = settled {
-                let to: Option<String> = row.try_get("recipient")?;
-                let purpose: Option<String> = row.try_get("purpose")?;
-                let (to, message_purpose) = (to.unwrap_or_default(), purpose.unwrap_or_default());
+            // The send the status is about (its events name it), settled by the
+            // provider's own event if its outcome was unknown.
+            let message = sent_message(tx, instance, external_id).await?;
+            let log = message.as_ref().map(|m| m.id);
+            if let Some(m) = message.as_ref().filter(|m| m.status == "unknown")
+                && settle_unknown(tx, m.id, external_id).await?
+            {
+                let (to, message_purpose) = (m.recipient.clone(), m.purpose.clone());
                 let message_id = Some(external_id.clone());
-                emit!(tx, instance, received_at, applied, MessageSent { to, message_purpose, message_id }).await?;
+                emit!(tx, instance, received_at, applied, log = log, MessageSent { to, message_purpose, message_id })
+                    .await?;
             }
+            let from = remote_jid.as_deref().and_then(phone_of);
             let fields = events::StatusFields {
                 from: from.clone(),
                 external_message_id: Some(external_id.clone()),
                 status: Some(status.clone()),
             };
             match status.as_str() {
-                "DELIVERY_ACK" => emit!(tx, instance, received_at, applied, MessageDelivered { status: fields }).await,
-                "READ" => emit!(tx, instance, received_at, applied, MessageRead { status: fields }).await,
+                "DELIVERY_ACK" => {
+                    emit!(tx, instance, received_at, applied, log = log, MessageDelivered { status: fields }).await
+                }
+                "READ" => emit!(tx, instance, received_at, applied, log = log, MessageRead { status: fields }).await,
                 // Played is read, unless read was already reported.
                 "PLAYED" if previous.is_none_or(|p| p < status_rank("READ")) => {
-                    emit!(tx, instance, received_at, applied, MessageRead { status: fields }).await
+                    emit!(tx, instance, received_at, applied, log = log, MessageRead { status: fields }).await
                 }
                 "PLAYED" => Ok(()),
                 "ERROR" => {
-                    let row = sqlx::query(
-                        "SELECT recipient, purpose FROM message_log WHERE provider_message_id = $1 AND instance_id = $2",
-                    )
-                    .bind(external_id)
-                    .bind(&instance.id)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-                    let (to, message_purpose) = match row {
-                        Some(r) => (
-                            r.try_get::<Option<String>, _>("recipient")?.unwrap_or_default(),
-                            r.try_get::<Option<String>, _>("purpose")?.unwrap_or_default(),
-                        ),
+                    let (to, message_purpose) = match message {
+                        Some(m) => (m.recipient, m.purpose),
                         None => (from.unwrap_or_default(), String::new()),
                     };
                     emit!(
@@ -462,11 +456,14 @@ async fn apply(
                         instance,
                         received_at,
                         applied,
+                        log = log,
                         MessageFailed { to, message_purpose, error: "provider_error".into() }
                     )
                     .await
                 }
-                _ => emit!(tx, instance, received_at, applied, MessageStatusUpdated { status: fields }).await,
+                _ => {
+                    emit!(tx, instance, received_at, applied, log = log, MessageStatusUpdated { status: fields }).await
+                }
             }
         }
         Fact::Connection { state: reported, reason } => {
@@ -484,31 +481,43 @@ async fn apply(
             };
             change_state(tx, instance, stored, &reported, received_at, state, applied).await
         }
-        Fact::SentEcho { external_id, remote_jid } => {
-            // The provider has the message: a recent send to this recipient whose
-            // outcome was unknown went out after all.
+        Fact::SentEcho { external_id, remote_jid, timestamp } => {
+            // The provider has the message. The row that already holds its id is the one
+            // it belongs to: settled if its outcome was unknown, else nothing to do (the
+            // echo of a send that was answered).
+            if let Some(m) = sent_message(tx, instance, external_id).await? {
+                if m.status == "unknown" && settle_unknown(tx, m.id, external_id).await? {
+                    let (to, message_purpose, message_id) = (m.recipient, m.purpose, Some(external_id.clone()));
+                    let log = Some(m.id);
+                    return emit!(
+                        tx,
+                        instance,
+                        received_at,
+                        applied,
+                        log = log,
+                        MessageSent { to, message_purpose, message_id }
+                    )
+                    .await;
+                }
+                applied.skipped += 1;
+                return Ok(());
+            }
+            // Else a send of this instance whose answer was lost (so it has no provider
+            // id): by recipient, and only when nothing else can match.
             let Some(to) = phone_of(remote_jid) else {
                 applied.skipped += 1;
                 return Ok(());
             };
-            let settled = sqlx::query(
-                "UPDATE message_log SET status = 'sent', provider_message_id = $1 WHERE id = (SELECT id FROM message_log \
-                 WHERE instance_id = $2 AND recipient = $3 AND status = 'unknown' AND created_at >= $4 \
-                 ORDER BY id DESC LIMIT 1) RETURNING purpose",
-            )
-            .bind(external_id)
-            .bind(&instance.id)
-            .bind(&to)
-            .bind(received_at - UNKNOWN_SETTLE_WINDOW_MS)
-            .fetch_optional(&mut **tx)
-            .await?;
-            let Some(row) = settled else {
+            let Some(m) = lost_send(tx, instance, &to, *timestamp, received_at).await? else {
                 applied.skipped += 1;
                 return Ok(());
             };
-            let message_purpose = row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default();
-            let message_id = Some(external_id.clone());
-            emit!(tx, instance, received_at, applied, MessageSent { to, message_purpose, message_id }).await
+            if m.status != "unknown" || !settle_unknown(tx, m.id, external_id).await? {
+                applied.skipped += 1;
+                return Ok(());
+            }
+            let (message_purpose, message_id, log) = (m.purpose, Some(external_id.clone()), Some(m.id));
+            emit!(tx, instance, received_at, applied, log = log, MessageSent { to, message_purpose, message_id }).await
         }
         Fact::LoggedOut => change_state(tx, instance, "close", "logged_out", received_at, state, applied).await,
         Fact::Qr { available, base64, .. } => {
@@ -574,6 +583,87 @@ async fn apply(
             Ok(())
         }
     }
+}
+
+/// A send of an instance, as the provider's events about it need it.
+struct SentMessage {
+    id: i64,
+    status: String,
+    recipient: String,
+    purpose: String,
+}
+
+fn sent_message_of(row: &sqlx::any::AnyRow) -> Result<SentMessage, StoreError> {
+    Ok(SentMessage {
+        id: row.try_get("id")?,
+        status: row.try_get("status")?,
+        recipient: row.try_get::<Option<String>, _>("recipient")?.unwrap_or_default(),
+        purpose: row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default(),
+    })
+}
+
+/// The send of `instance` that the provider knows as `external_id` (by index).
+async fn sent_message(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    external_id: &str,
+) -> Result<Option<SentMessage>, StoreError> {
+    let row = sqlx::query(
+        "SELECT id, status, recipient, purpose FROM message_log WHERE instance_id = $1 AND provider_message_id = $2 \
+         ORDER BY id DESC LIMIT 1",
+    )
+    .bind(&instance.id)
+    .bind(external_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.as_ref().map(sent_message_of).transpose()
+}
+
+/// The send of `instance` to `to` that a provider's echo without a known id belongs
+/// to: of its sends to `to` that have no provider id and may have gone out (`unknown`,
+/// or `pending`: the provider's answer is still on its way) within the settle window,
+/// the one logged closest before the provider took the message (`timestamp`, Unix
+/// seconds, else when the echo arrived); one logged just after that time only when
+/// none was before (the provider's clock may lag ours). A `pending` one means the
+/// echo is most likely that send's, whose answer will name it.
+async fn lost_send(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    to: &str,
+    timestamp: Option<i64>,
+    received_at: i64,
+) -> Result<Option<SentMessage>, StoreError> {
+    // The provider counts whole seconds: the message was taken before the next one.
+    let taken_at = timestamp
+        .and_then(|s| s.checked_mul(1000))
+        .and_then(|ms| ms.checked_add(999))
+        .map_or(received_at, |ms| ms.min(received_at));
+    let row = sqlx::query(
+        "SELECT id, status, recipient, purpose FROM message_log WHERE instance_id = $1 AND recipient = $2 \
+         AND status IN ('unknown', 'pending') AND provider_message_id IS NULL AND created_at >= $3 \
+         AND created_at <= $4 ORDER BY CASE WHEN created_at <= $5 THEN 0 ELSE 1 END, ABS(created_at - $5), id \
+         LIMIT 1",
+    )
+    .bind(&instance.id)
+    .bind(to)
+    .bind(received_at - UNKNOWN_SETTLE_WINDOW_MS)
+    .bind(received_at)
+    .bind(taken_at)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.as_ref().map(sent_message_of).transpose()
+}
+
+/// Makes an `unknown` send `sent`, with the provider's id; whether this call did.
+async fn settle_unknown(tx: &mut Transaction<'static, Any>, id: i64, external_id: &str) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "UPDATE message_log SET status = 'sent', provider_message_id = $2 WHERE id = $1 AND status = 'unknown'",
+    )
+    .bind(id)
+    .bind(external_id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 async fn set_state(tx: &mut Transaction<'static, Any>, instance: &Instance, state: &str) -> Result<(), StoreError> {
@@ -761,6 +851,7 @@ impl Store {
                 &instance,
                 now,
                 &mut applied,
+                log = Some(id),
                 MessageFailed { to, message_purpose, error: "no_delivery_ack".into() }
             )
             .await?;

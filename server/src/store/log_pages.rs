@@ -1,6 +1,6 @@
 //! The message log as the dashboard reads it: each row with its delivery state
 //! (`delivery`), filtered, paged by key (newest first, `before` a log id), streamed in
-//! chunks for the CSV export, and one message with the webhook events that carry it.
+//! chunks for the CSV export, and one message with the webhook events about it.
 
 use super::delivery::{Delivery, DeliveryState, FROM_LOG_AND_STATUS, STATUS_COLUMNS};
 use super::{FromCols, LogEntry, Store, StoreError, bind_all};
@@ -115,6 +115,18 @@ fn log_query(customer_id: &str, filter: &LogFilter, before: Option<i64>, limit: 
     (sql, values)
 }
 
+/// `s` as a LIKE pattern matching it literally (escape character `\`).
+fn like_escaped(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn log_row(r: &sqlx::any::AnyRow) -> Result<LogRow, StoreError> {
     Ok(LogRow { id: r.try_get("id")?, entry: LogEntry::from_cols(r)?, delivery: Delivery::from_cols(r)? })
 }
@@ -143,23 +155,57 @@ impl Store {
         row.as_ref().map(log_row).transpose()
     }
 
-    /// The webhook events of a customer that carry the provider's message id, oldest
-    /// first, with their attempts.
-    pub async fn message_events(&self, customer_id: &str, message_id: &str) -> Result<Vec<MessageEvent>, StoreError> {
-        // The id as a JSON string inside the event body (`message_id` or
-        // `external_message_id`); a provider's ids are letters and digits.
-        if !message_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
-            return Ok(Vec::new());
-        }
-        let pattern = format!("%\"{message_id}\"%");
-        let rows = sqlx::query(
-            "SELECT id, event_type, created_at, delivered_at FROM outbox \
-             WHERE customer_id = $1 AND payload LIKE $2 ORDER BY id LIMIT 50",
+    /// The webhook events of a customer's message (those written with its log row's
+    /// id, by index), oldest first, with their attempts.
+    ///
+    /// A row logged before events named their row (migration postgres 0013, sqlite
+    /// 0012) also finds the events written before then that carry its provider's
+    /// message id in their body: searched among those older events of its instance
+    /// only, and checked field by field (`message_id`, `external_message_id`). They
+    /// leave with retention, and so does this search's work.
+    pub async fn message_events(&self, customer_id: &str, message: &LogRow) -> Result<Vec<MessageEvent>, StoreError> {
+        let mut rows = sqlx::query(
+            "SELECT id, event_type, created_at, delivered_at FROM outbox WHERE log_id = $1 AND customer_id = $2 \
+             ORDER BY id LIMIT 50",
         )
+        .bind(message.id)
         .bind(customer_id)
-        .bind(&pattern)
         .fetch_all(&self.read)
         .await?;
+        if let (Some(message_id), Some(instance_id)) = (&message.entry.provider_message_id, &message.entry.instance_id)
+        {
+            let mark = sqlx::query("SELECT log_through, outbox_through FROM outbox_unlinked")
+                .fetch_optional(&self.read)
+                .await?;
+            if let Some(mark) = mark
+                && message.id <= mark.try_get::<i64, _>("log_through")?
+            {
+                let quoted = serde_json::Value::String(message_id.clone()).to_string();
+                let pattern = format!("%{}%", like_escaped(&quoted));
+                let older = sqlx::query(
+                    "SELECT id, event_type, created_at, delivered_at, payload FROM outbox WHERE id <= $1 \
+                     AND customer_id = $2 AND instance_id = $3 AND created_at >= $4 AND log_id IS NULL \
+                     AND payload LIKE $5 ESCAPE '\\' ORDER BY id LIMIT 50",
+                )
+                .bind(mark.try_get::<i64, _>("outbox_through")?)
+                .bind(customer_id)
+                .bind(instance_id)
+                .bind(message.entry.created_at)
+                .bind(&pattern)
+                .fetch_all(&self.read)
+                .await?;
+                for row in older {
+                    let payload: String = row.try_get("payload")?;
+                    let body: serde_json::Value = serde_json::from_str(&payload).unwrap_or_default();
+                    let names = |field: &str| body[field].as_str() == Some(message_id.as_str());
+                    if names("message_id") || names("external_message_id") {
+                        rows.push(row);
+                    }
+                }
+                rows.sort_by_key(|r| r.try_get::<i64, _>("id").unwrap_or_default());
+                rows.truncate(50);
+            }
+        }
         let mut events = Vec::new();
         for row in &rows {
             let id: i64 = row.try_get("id")?;

@@ -192,7 +192,7 @@ impl Write for Record {
     }
 
     fn postgres(&self) -> Postgres {
-        let (entry, event, review) = (&self.entry, self.event.as_ref(), self.review.as_ref());
+        let (entry, review) = (&self.entry, self.review.as_ref());
         let log = log_json(entry);
         let review = review.map(|r| {
             serde_json::json!({
@@ -201,8 +201,9 @@ impl Write for Record {
                 "pause_reason": r.pause_reason,
             })
         });
-        let event = event.map(outbox_json);
-        let arg = serde_json::json!({"op": "record", "log": log, "event": event, "review": review});
+        // The event names the row, whose id the function makes: it follows the call
+        // (`postgres_then`), so the function's own event insert is not used.
+        let arg = serde_json::json!({"op": "record", "log": log, "event": null, "review": review});
         Postgres::Call { function: "gateway_write_batch", arg }
     }
 
@@ -211,19 +212,22 @@ impl Write for Record {
         Ok(Recorded { log_id: r["id"].as_i64().ok_or_else(|| unexpected(&r))?, paused: r["paused"] == true })
     }
 
-    /// The key's fate needs the row's id, so it follows the batch function.
+    /// The event and the key's fate need the row's id, so they follow the batch
+    /// function.
     fn postgres_then(&self, recorded: &Recorded) -> Vec<Statement> {
-        match &self.answer {
-            Some((idem, fate)) => {
-                let (sql, params) = refusal_key(idem, fate, recorded.log_id, self.entry.created_at);
-                vec![Statement { sql, params }]
-            }
-            None => Vec::new(),
+        let mut then = Vec::new();
+        if let Some(event) = &self.event {
+            then.push(Statement { sql: INSERT_OUTBOX_SQL, params: outbox_values(event, Some(recorded.log_id)) });
         }
+        if let Some((idem, fate)) = &self.answer {
+            let (sql, params) = refusal_key(idem, fate, recorded.log_id, self.entry.created_at);
+            then.push(Statement { sql, params });
+        }
+        then
     }
 
     fn has_then(&self) -> bool {
-        self.answer.is_some()
+        self.answer.is_some() || self.event.is_some()
     }
 }
 
@@ -242,7 +246,7 @@ const INSERT_REVIEW_SQL: &str = "INSERT INTO review_queue (log_id, customer_id, 
 const COUNT_REVIEWS_SQL: &str = "SELECT COUNT(*) FROM review_queue WHERE instance_id = $1 AND created_at >= $2";
 const PAUSE_SQL: &str = "UPDATE instances SET paused = 1, paused_reason = $2 WHERE id = $1 AND paused = 0";
 const INSERT_OUTBOX_SQL: &str = "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, \
-     available_at) VALUES ($1, $2, $3, $4, $5, $5)";
+     available_at, log_id) VALUES ($1, $2, $3, $4, $5, $5, $6)";
 
 pub(super) fn log_values(e: &LogEntry) -> Vec<SqlValue> {
     let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
@@ -272,13 +276,15 @@ fn went_out(e: &LogEntry) -> bool {
     e.decision == "allowed" && matches!(e.status.as_str(), "sent" | "unknown")
 }
 
-fn outbox_values(e: &OutboxEvent) -> Vec<SqlValue> {
+/// The values of `INSERT_OUTBOX_SQL`: the event, naming the log row `log_id`.
+fn outbox_values(e: &OutboxEvent, log_id: Option<i64>) -> Vec<SqlValue> {
     vec![
         SqlValue::Text(e.customer_id.clone()),
         e.instance_id.clone().map_or(SqlValue::Null, SqlValue::Text),
         SqlValue::Text(e.event_type.clone()),
         SqlValue::Text(e.payload.to_string()),
         SqlValue::Integer(e.created_at),
+        log_id.map_or(SqlValue::Null, SqlValue::Integer),
     ]
 }
 
@@ -292,7 +298,7 @@ fn sqlite_record(
     bind_dollar(&mut insert, &log_values(entry))?;
     let log_id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
     if let Some(event) = event {
-        sqlite_outbox(tx, event)?;
+        sqlite_outbox(tx, event, Some(log_id))?;
     }
     if went_out(entry)
         && let (Some(instance), Some(phone)) = (&entry.instance_id, &entry.recipient)
@@ -316,10 +322,14 @@ fn sqlite_record(
     Ok(Recorded { log_id, paused })
 }
 
-/// Writes an outbox event.
-pub(super) fn sqlite_outbox(tx: &rusqlite::Transaction<'_>, event: &OutboxEvent) -> Result<(), StoreError> {
+/// Writes an outbox event about the log row `log_id`.
+pub(super) fn sqlite_outbox(
+    tx: &rusqlite::Transaction<'_>,
+    event: &OutboxEvent,
+    log_id: Option<i64>,
+) -> Result<(), StoreError> {
     let mut insert = tx.prepare_cached(INSERT_OUTBOX_SQL)?;
-    bind_dollar(&mut insert, &outbox_values(event))?;
+    bind_dollar(&mut insert, &outbox_values(event, log_id))?;
     insert.raw_execute()?;
     Ok(())
 }

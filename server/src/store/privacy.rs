@@ -5,12 +5,19 @@
 //!
 //! Redacted, not removed: the message log keeps each attempt (quotas, the audit of
 //! decisions) with the recipient replaced and the policy's reason and trace dropped.
+//!
+//! Every spelling of P counts: the log stores E.164, but a request refused before its
+//! number was checked was logged with the number as given (`+1 415 555 0111`) until
+//! the log normalised those too; any stored recipient of the customer that normalises
+//! to P is erased with it (`spellings`).
 //! Kept on purpose: a suppression of P (an opt-out must go on being honoured; it holds
 //! the number and nothing else). Idempotency keys hold no personal data (the answers
 //! name message and log ids) and expire within 24 hours.
 
 use super::{Store, StoreError};
+use crate::send::phone;
 use serde::Serialize;
+use sqlx::Row;
 
 /// What the recipient column of a redacted message-log row says.
 pub const ERASED: &str = "(erased)";
@@ -30,7 +37,7 @@ const INSTANCES: &str = "(SELECT id FROM instances WHERE customer_id = $1)";
 /// How a statement's `$2` names the person.
 #[derive(Clone, Copy)]
 enum As {
-    /// E.164, as the tables store it.
+    /// As the tables store it: E.164, and each other spelling the message log holds.
     Phone,
     /// A JSON string (`"+1..."`), inside event bodies.
     Json,
@@ -131,23 +138,65 @@ fn steps() -> Vec<(&'static str, &'static str, As, String)> {
     ]
 }
 
+/// `column` without `+` and the separators a person types between digits (those that
+/// `phone::normalize` ignores): the digits of any spelling of a number, in SQL that
+/// SQLite and PostgreSQL read alike.
+fn bare_digits(column: &str) -> String {
+    ["+", " ", "-", ".", "(", ")", "\u{a0}"].iter().fold(column.to_string(), |e, c| format!("REPLACE({e}, '{c}', '')"))
+}
+
+/// Every spelling of `phone` (E.164) among the customer's message-log recipients: the
+/// E.164 form, and each stored value that normalises to it. Candidates are the values
+/// whose digits end with the number's national digits (found in SQL, over the
+/// customer's rows), each then read as the API reads a number.
+async fn spellings(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    customer_id: &str,
+    e164: &str,
+) -> Result<Vec<String>, StoreError> {
+    let mut forms = vec![e164.to_string()];
+    let Some(number) = phone::normalize(e164) else {
+        return Ok(forms);
+    };
+    let national = &number.e164[1 + number.country_code.to_string().len()..];
+    let sql = format!(
+        "SELECT DISTINCT recipient FROM message_log WHERE customer_id = $1 AND recipient IS NOT NULL \
+         AND recipient <> $2 AND {} LIKE $3",
+        bare_digits("recipient")
+    );
+    let rows = sqlx::query(&sql).bind(customer_id).bind(e164).bind(format!("%{national}")).fetch_all(&mut **tx).await?;
+    for row in rows {
+        let stored: String = row.try_get("recipient")?;
+        if phone::normalize(&stored).is_some_and(|n| n.e164 == number.e164) {
+            forms.push(stored);
+        }
+    }
+    Ok(forms)
+}
+
 impl Store {
-    /// Removes or redacts what the store holds about `phone` (E.164) for `customer_id`;
-    /// what each table lost, and what was kept.
+    /// Removes or redacts what the store holds about `phone` (E.164) for `customer_id`,
+    /// under any spelling the message log holds; what each table lost, and what was
+    /// kept.
     pub async fn erase_person(&self, customer_id: &str, phone: &str) -> Result<Vec<Erased>, StoreError> {
         self.customer(customer_id).await?;
         let json = format!("\"{phone}\"");
         let jid = format!("{}@", phone.trim_start_matches('+'));
-        let mut tx = self.write.begin().await?;
+        // Reads first, so the write lock is taken at once (see `write_transaction`).
+        let mut tx = super::ingress::write_transaction(&self.write).await?;
+        let forms = spellings(&mut tx, customer_id, phone).await?;
         let mut report = Vec::new();
         for (table, action, named, sql) in steps() {
-            let person = match named {
-                As::Phone => phone,
-                As::Json => &json,
-                As::Jid => &jid,
+            let people: &[String] = match named {
+                As::Phone => &forms,
+                As::Json => std::slice::from_ref(&json),
+                As::Jid => std::slice::from_ref(&jid),
             };
-            let done = sqlx::query(&sql).bind(customer_id).bind(person).execute(&mut *tx).await?.rows_affected();
-            report.push(Erased { table, action, rows: done });
+            let mut rows = 0;
+            for person in people {
+                rows += sqlx::query(&sql).bind(customer_id).bind(person).execute(&mut *tx).await?.rows_affected();
+            }
+            report.push(Erased { table, action, rows });
         }
         let kept: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM suppressed_recipients WHERE customer_id = $1 AND phone = $2")
