@@ -19,7 +19,8 @@ INSERT INTO outbox_unlinked (log_through, outbox_through)
 SELECT (SELECT COALESCE(MAX(id), 0) FROM message_log), (SELECT COALESCE(MAX(id), 0) FROM outbox);
 
 -- gateway_send_ops as in 0009, with one change: the event a `finish` writes names its
--- row (`log_id`, the op's `id`). Marked "0013" below; nothing else differs.
+-- row (`log_id`, the op's `id`). Marked "0013" below; otherwise as 0012 (the pending row
+-- names its owner's lease).
 CREATE OR REPLACE FUNCTION gateway_send_ops(ops jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     op jsonb;
@@ -37,14 +38,14 @@ BEGIN
             END IF;
             INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, recipient,
                 message_type, decision, error_code, policy, reason, provider_message_id, status, created_at,
-                policy_trace, request_id, correlation_id, deadline_at, idem_key)
+                policy_trace, request_id, correlation_id, deadline_at, idem_key, owner_lease)
             VALUES (op->'log'->>'customer_id', op->'log'->>'instance_id', op->'log'->>'api_key_id',
                 op->'log'->>'source', op->'log'->>'purpose', op->'log'->>'recipient',
                 op->'log'->>'message_type', op->'log'->>'decision', op->'log'->>'error_code',
                 op->'log'->>'policy', op->'log'->>'reason', op->'log'->>'provider_message_id',
                 op->'log'->>'status', (op->'log'->>'created_at')::bigint, op->'log'->>'policy_trace',
                 op->'log'->>'request_id', op->'log'->>'correlation_id',
-                (op->>'deadline_at')::bigint, op->'idem'->>'key')
+                (op->>'deadline_at')::bigint, op->'idem'->>'key', (op->>'owner_lease')::bigint)
             RETURNING id INTO new_id;
             IF jsonb_typeof(op->'idem') = 'object' AND NOT gateway_claim_key(
                     op->'idem' || jsonb_build_object('log_id', new_id, 'lease_until', NULL)) THEN
