@@ -67,12 +67,15 @@ impl Progress {
     }
 }
 
+/// How a request's answer is rendered for its idempotency key (`super::Idempotency`).
+type Render = fn(&Result<Sent, SendError>) -> Answer;
+
 /// The `Finish` an attempt's owner still has to write (see the module's header).
 pub(super) struct Armed {
     finish: Option<Finish>,
     /// While `finish` is the unknown outcome it was armed with: how its key's answer is
     /// rendered (only if it is ever needed: most attempts settle).
-    render_unknown: Option<fn(&Result<Sent, SendError>) -> Answer>,
+    render_unknown: Option<Render>,
     store: Store,
     settling: Arc<Settling>,
     log: Logger,
@@ -83,7 +86,7 @@ impl Armed {
     /// settles; `render` renders its key's answer, for a request with a key.
     pub(super) fn new(
         unknown: Finish,
-        render: Option<fn(&Result<Sent, SendError>) -> Answer>,
+        render: Option<Render>,
         store: Store,
         settling: Arc<Settling>,
         log: Logger,
