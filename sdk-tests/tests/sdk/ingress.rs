@@ -564,3 +564,119 @@ async fn the_inbound_log_exports_as_csv_with_the_instance_filter() {
     assert!(rows.iter().any(|r| r[from] == "+5511999990000"));
 }
 
+/// The provider's echo of a send (`send.message`) settles the `unknown` send it belongs
+/// to: the row that holds its id if one does, else, by recipient, the instance's own
+/// send logged closest before the provider took the message, and never another
+/// instance's (the provider's instance is the one it posts for).
+#[tokio::test]
+async fn an_echo_settles_the_send_it_belongs_to_and_never_another_instances() {
+    use gateway_server::ingress::evolution::Fact;
+    use gateway_server::store::now_ms;
+    use sqlx::{Connection, Executor};
+    const LOST: &str = "+15005550003"; // the simulator takes it, then the connection breaks
+    let cx = TestContext::new("ing_echo_match").await;
+    let (store, customer) = (cx.store(), cx.tenant.customer_id.clone());
+    ops::assign_plan(store, &customer, "scale", true).await.unwrap();
+    cx.lift_velocity(&customer).await;
+    let second = ops::create_instance(store, &cx.config, &customer, "second", true).await.unwrap();
+    store.set_instance_age(&second.id, 30).await.unwrap();
+    let lost = |instance: &str| json!({"instance_id": instance, "phone": LOST, "message_purpose": "transactional", "message": "Your code"});
+    // Two sends of `main` and one of `second` to the same recipient: outcome unknown.
+    let mut ids = Vec::new();
+    for instance in ["main", "main", "second"] {
+        let (status, body) = cx.send_json(&lost(instance)).await;
+        assert_eq!(status, 502, "{body}");
+        assert_eq!(body["details"]["reason"], "provider_outcome_unknown");
+        ids.push(store.recent_log(&customer, 1).await.unwrap()[0].0);
+    }
+    let (a, b, c) = (ids[0], ids[1], ids[2]);
+    // Logged 60 s, 20 s and 10 s ago.
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&cx.config.database_url).await.unwrap();
+    let now = now_ms();
+    for (id, ago) in [(a, 60_000), (b, 20_000), (c, 10_000)] {
+        conn.execute(format!("UPDATE message_log SET created_at = {} WHERE id = {id}", now - ago).as_str())
+            .await
+            .unwrap();
+    }
+    let main = store.instance(&cx.tenant.instance_id).await.unwrap();
+    let second = store.instance(&second.id).await.unwrap();
+    let echo = |id: &str, seconds_ago: Option<i64>| Fact::SentEcho {
+        external_id: id.into(),
+        remote_jid: "15005550003@s.whatsapp.net".into(),
+        timestamp: seconds_ago.map(|s| (now_ms() - s * 1000) / 1000),
+    };
+    let row = |id: i64| async move {
+        let e = store.log_entry(id).await.unwrap();
+        (e.status, e.provider_message_id)
+    };
+    let unknown = ("unknown".to_string(), None);
+
+    // The provider took E1 59 s ago: `main`'s send of 60 s ago, not its newer one, and
+    // not `second`'s (closer in time, another instance).
+    let applied = store.apply_facts(&main, &[echo("E1", Some(59))], now_ms()).await.unwrap();
+    assert_eq!(applied.events, ["message.sent"]);
+    assert_eq!(row(a).await, ("sent".to_string(), Some("E1".to_string())));
+    assert_eq!((row(b).await, row(c).await), (unknown.clone(), unknown.clone()));
+    // E1 again: the row that holds the id is its send; nothing else is touched.
+    let again = store.apply_facts(&main, &[echo("E1", None)], now_ms()).await.unwrap();
+    assert_eq!((again.events.len(), again.skipped), (0, 1));
+    assert_eq!(row(b).await, unknown, "a duplicate echo never settles another send");
+    // The echo of a send that was answered (its row holds the id) settles nothing.
+    let (status, sent) = cx
+        .send_json(&json!({"instance_id": "main", "phone": "+14155550177", "message_purpose": "transactional",
+                           "message": "Your code"}))
+        .await;
+    assert_eq!(status, 200, "{sent}");
+    let answered = sent["message_id"].as_str().unwrap();
+    let applied = store.apply_facts(&main, &[echo(answered, None)], now_ms()).await.unwrap();
+    assert_eq!((applied.events.len(), applied.skipped), (0, 1));
+    assert_eq!(row(b).await, unknown);
+    // No time given: the one logged last before the echo came, `main`'s other send.
+    let applied = store.apply_facts(&main, &[echo("E2", None)], now_ms()).await.unwrap();
+    assert_eq!(applied.events, ["message.sent"]);
+    assert_eq!(row(b).await, ("sent".to_string(), Some("E2".to_string())));
+    // `main` has no unknown send left: its echo never settles `second`'s.
+    let applied = store.apply_facts(&main, &[echo("E3", None)], now_ms()).await.unwrap();
+    assert_eq!((applied.events.len(), applied.skipped), (0, 1));
+    assert_eq!(row(c).await, unknown, "never across instances");
+    let applied = store.apply_facts(&second, &[echo("E4", Some(9))], now_ms()).await.unwrap();
+    assert_eq!(applied.events, ["message.sent"]);
+    assert_eq!(row(c).await, ("sent".to_string(), Some("E4".to_string())));
+
+    // A send still in flight (pending) logged after an unknown one: an echo without a
+    // time is most likely the in-flight send's (its answer will name it), so the
+    // unknown send is left alone; an echo timed before the in-flight send settles it.
+    let (status, _) = cx.send_json(&lost("main")).await;
+    assert_eq!(status, 502);
+    let d = store.recent_log(&customer, 1).await.unwrap()[0].0;
+    let (status, _) = cx.send_json(&lost("main")).await;
+    assert_eq!(status, 502);
+    let pending = store.recent_log(&customer, 1).await.unwrap()[0].0;
+    conn.execute(format!("UPDATE message_log SET created_at = {} WHERE id = {d}", now_ms() - 30_000).as_str())
+        .await
+        .unwrap();
+    conn.execute(
+        format!("UPDATE message_log SET status = 'pending', created_at = {} WHERE id = {pending}", now_ms() - 5_000)
+            .as_str(),
+    )
+    .await
+    .unwrap();
+    let applied = store.apply_facts(&main, &[echo("E5", None)], now_ms()).await.unwrap();
+    assert_eq!((applied.events.len(), applied.skipped), (0, 1));
+    assert_eq!(row(d).await, unknown);
+    let applied = store.apply_facts(&main, &[echo("E6", Some(29))], now_ms()).await.unwrap();
+    assert_eq!(applied.events, ["message.sent"]);
+    assert_eq!(row(d).await, ("sent".to_string(), Some("E6".to_string())));
+    // Each settled send's event names its row.
+    let linked: i64 = sqlx::query_scalar(
+        format!("SELECT COUNT(*) FROM outbox WHERE event_type = 'message.sent' AND log_id IN ({a}, {b}, {c}, {d})")
+            .as_str(),
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(linked, 4);
+    conn.close().await.ok();
+    cx.teardown().await;
+}

@@ -41,8 +41,13 @@ pub enum Fact {
     /// A group was created or changed.
     Group { group_id: String },
     /// The provider's own record of a message the instance sent (`send.message`):
-    /// settles a send whose outcome was unknown.
-    SentEcho { external_id: String, remote_jid: String },
+    /// settles the send it belongs to when that send's outcome was unknown.
+    SentEcho {
+        external_id: String,
+        remote_jid: String,
+        /// When the provider took the message (Unix seconds), if given.
+        timestamp: Option<i64>,
+    },
     /// The instance was logged out at the provider.
     LoggedOut,
     /// Nothing for customers (an echo of our own send, a broadcast status, ...).
@@ -115,11 +120,19 @@ pub fn parse(envelope: &Value) -> Vec<Fact> {
         "logout.instance" => vec![Fact::LoggedOut],
         "status.instance" if data["status"] == "closed" => vec![Fact::LoggedOut],
         "send.message" => match (string(&data["key"]["id"]), string(&data["key"]["remoteJid"])) {
-            (Some(external_id), Some(remote_jid)) => vec![Fact::SentEcho { external_id, remote_jid }],
+            (Some(external_id), Some(remote_jid)) => {
+                let timestamp = seconds(&data["messageTimestamp"]);
+                vec![Fact::SentEcho { external_id, remote_jid, timestamp }]
+            }
             _ => vec![Fact::Ignored("echo without id")],
         },
         _ => vec![Fact::Ignored("event not used")],
     }
+}
+
+/// A time in Unix seconds, as a number or a string of digits.
+fn seconds(v: &Value) -> Option<i64> {
+    v.as_i64().or_else(|| v.as_str().and_then(|s| s.parse().ok()))
 }
 
 fn inbound(data: &Value) -> Fact {
@@ -270,6 +283,22 @@ mod tests {
             parse(&json!({"event": "MESSAGES_UPSERT", "data": {}})),
             vec![Fact::Ignored("message without sender")]
         );
+    }
+
+    #[test]
+    fn an_echo_of_a_send_carries_its_id_recipient_and_time() {
+        let echo = |ts: Value| {
+            json!({"event": "send.message", "data": {"key": {"remoteJid": "5511999990009@s.whatsapp.net",
+                   "fromMe": true, "id": "BAE5"}, "messageTimestamp": ts}})
+        };
+        let fact = |timestamp| Fact::SentEcho {
+            external_id: "BAE5".into(),
+            remote_jid: "5511999990009@s.whatsapp.net".into(),
+            timestamp,
+        };
+        assert_eq!(parse(&echo(json!(1_700_000_000))), vec![fact(Some(1_700_000_000))]);
+        assert_eq!(parse(&echo(json!("1700000000"))), vec![fact(Some(1_700_000_000))]);
+        assert_eq!(parse(&echo(Value::Null)), vec![fact(None)]);
     }
 
     #[test]

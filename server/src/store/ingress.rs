@@ -481,30 +481,42 @@ async fn apply(
             };
             change_state(tx, instance, stored, &reported, received_at, state, applied).await
         }
-        Fact::SentEcho { external_id, remote_jid } => {
-            // The provider has the message: a recent send to this recipient whose
-            // outcome was unknown went out after all.
+        Fact::SentEcho { external_id, remote_jid, timestamp } => {
+            // The provider has the message. The row that already holds its id is the one
+            // it belongs to: settled if its outcome was unknown, else nothing to do (the
+            // echo of a send that was answered).
+            if let Some(m) = sent_message(tx, instance, external_id).await? {
+                if m.status == "unknown" && settle_unknown(tx, m.id, external_id).await? {
+                    let (to, message_purpose, message_id) = (m.recipient, m.purpose, Some(external_id.clone()));
+                    let log = Some(m.id);
+                    return emit!(
+                        tx,
+                        instance,
+                        received_at,
+                        applied,
+                        log = log,
+                        MessageSent { to, message_purpose, message_id }
+                    )
+                    .await;
+                }
+                applied.skipped += 1;
+                return Ok(());
+            }
+            // Else a send of this instance whose answer was lost (so it has no provider
+            // id): by recipient, and only when nothing else can match.
             let Some(to) = phone_of(remote_jid) else {
                 applied.skipped += 1;
                 return Ok(());
             };
-            let settled = sqlx::query(
-                "UPDATE message_log SET status = 'sent', provider_message_id = $1 WHERE id = (SELECT id FROM message_log \
-                 WHERE instance_id = $2 AND recipient = $3 AND status = 'unknown' AND created_at >= $4 \
-                 ORDER BY id DESC LIMIT 1) RETURNING id, purpose",
-            )
-            .bind(external_id)
-            .bind(&instance.id)
-            .bind(&to)
-            .bind(received_at - UNKNOWN_SETTLE_WINDOW_MS)
-            .fetch_optional(&mut **tx)
-            .await?;
-            let Some(row) = settled else {
+            let Some(m) = lost_send(tx, instance, &to, *timestamp, received_at).await? else {
                 applied.skipped += 1;
                 return Ok(());
             };
-            let message_purpose = row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default();
-            let (message_id, log) = (Some(external_id.clone()), Some(row.try_get::<i64, _>("id")?));
+            if m.status != "unknown" || !settle_unknown(tx, m.id, external_id).await? {
+                applied.skipped += 1;
+                return Ok(());
+            }
+            let (message_purpose, message_id, log) = (m.purpose, Some(external_id.clone()), Some(m.id));
             emit!(tx, instance, received_at, applied, log = log, MessageSent { to, message_purpose, message_id }).await
         }
         Fact::LoggedOut => change_state(tx, instance, "close", "logged_out", received_at, state, applied).await,
@@ -602,6 +614,41 @@ async fn sent_message(
     )
     .bind(&instance.id)
     .bind(external_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.as_ref().map(sent_message_of).transpose()
+}
+
+/// The send of `instance` to `to` that a provider's echo without a known id belongs
+/// to: of its sends to `to` that have no provider id and may have gone out (`unknown`,
+/// or `pending`: the provider's answer is still on its way) within the settle window,
+/// the one logged closest before the provider took the message (`timestamp`, Unix
+/// seconds, else when the echo arrived); one logged just after that time only when
+/// none was before (the provider's clock may lag ours). A `pending` one means the
+/// echo is most likely that send's, whose answer will name it.
+async fn lost_send(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    to: &str,
+    timestamp: Option<i64>,
+    received_at: i64,
+) -> Result<Option<SentMessage>, StoreError> {
+    // The provider counts whole seconds: the message was taken before the next one.
+    let taken_at = timestamp
+        .and_then(|s| s.checked_mul(1000))
+        .and_then(|ms| ms.checked_add(999))
+        .map_or(received_at, |ms| ms.min(received_at));
+    let row = sqlx::query(
+        "SELECT id, status, recipient, purpose FROM message_log WHERE instance_id = $1 AND recipient = $2 \
+         AND status IN ('unknown', 'pending') AND provider_message_id IS NULL AND created_at >= $3 \
+         AND created_at <= $4 ORDER BY CASE WHEN created_at <= $5 THEN 0 ELSE 1 END, ABS(created_at - $5), id \
+         LIMIT 1",
+    )
+    .bind(&instance.id)
+    .bind(to)
+    .bind(received_at - UNKNOWN_SETTLE_WINDOW_MS)
+    .bind(received_at)
+    .bind(taken_at)
     .fetch_optional(&mut **tx)
     .await?;
     row.as_ref().map(sent_message_of).transpose()
