@@ -175,6 +175,25 @@ impl RunningServer {
     }
 }
 
+/// The HTTP routes to label answers by, and every metric series known before the first
+/// request made at 0 (see `metrics::Metrics::declare`).
+fn declare_metrics(modules: Vec<String>) -> Result<Arc<metrics::Routes>, StartError> {
+    let router = http::api_description().map_err(StartError::Api)?.into_router();
+    let routes: Vec<(String, u16, bool)> = router
+        .endpoints(None)
+        .map(|(path, _, endpoint)| (path, endpoint.response.success.map_or(200, |s| s.as_u16()), endpoint.visible))
+        .collect();
+    let labels = Arc::new(metrics::Routes::new(routes.iter().map(|(path, ..)| path.as_str())));
+    metrics::get().declare(&metrics::Known {
+        routes,
+        send_codes: send::OUTCOMES,
+        modules,
+        providers: provider::NAMES,
+        pbx_outcomes: pbx::OUTCOMES,
+    });
+    Ok(labels)
+}
+
 /// Starts the gateway described by `config` with its default parts.
 pub async fn start_server(log: Logger, config: &Config) -> Result<RunningServer, StartError> {
     let parts = Parts::from_config(config)?;
@@ -203,8 +222,8 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         Store::open_with(&config.database_url, config.database_max_connections, Some(store_log), options).await?;
     // The lease first: every attempt this process begins names it (see store::leases).
     let mut workers = vec![store.hold_lease(log.new(slog::o!("component" => "lease"))).await?];
-    let (engine, policies): (Arc<dyn policy::PolicyEngine>, _) = match parts.policy {
-        Some(engine) => (engine, None),
+    let (engine, policies, modules): (Arc<dyn policy::PolicyEngine>, _, _) = match parts.policy {
+        Some(engine) => (engine, None, Vec::new()),
         None => {
             let log = log.new(slog::o!("component" => "policy"));
             let host = Arc::new(policy::host::PolicyHost::new(&config.policies, log.clone())?);
@@ -212,7 +231,8 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
             let (control, task) =
                 policy::reload::start(host.clone(), &config.policies, dir, Some(store.clone()), log).await?;
             workers.push(task);
-            (Arc::new(host), Some(control))
+            let modules = host.current().modules.iter().map(|m| m.metadata.name.clone()).collect();
+            (Arc::new(host), Some(control), modules)
         }
     };
     let send_log = log.new(slog::o!("component" => "send"));
@@ -224,6 +244,7 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     // The dummy hash unknown emails are checked against, made before the first sign-in.
     dashboard::auth::prepare().await;
     let api = http::api_description().map_err(StartError::Api)?;
+    let routes = declare_metrics(modules)?;
     let dropshot_config = ConfigDropshot {
         bind_address: config.listen,
         default_request_body_max_bytes: 64 * 1024,
@@ -235,7 +256,7 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     };
     // Every answer is counted from Dropshot's "request completed" record (see metrics).
     let http_log = log.new(slog::o!("component" => "http"));
-    let http_log = Logger::root(slog::Duplicate::new(metrics::HttpDrain, http_log).fuse(), slog::o!());
+    let http_log = Logger::root(slog::Duplicate::new(metrics::HttpDrain::new(routes), http_log).fuse(), slog::o!());
     let sha256 = tls_loaded.as_ref().map(|l| l.sha256.clone());
     let http = ServerBuilder::new(api, state, http_log)
         .config(dropshot_config)

@@ -179,12 +179,59 @@ impl Metrics {
         }
     }
 
+    /// Makes a series at 0 for every label value known before the first request, so a
+    /// rate or an alert has something to read from the start (Prometheus's
+    /// instrumentation guidance: avoid missing metrics). The values the metrics
+    /// themselves define are made here; the rest come from the parts that own them.
+    pub fn declare(&self, known: &Known<'_>) {
+        for (route, status, published) in &known.routes {
+            self.http_requests.with_label_values(&[route, &status.to_string()]);
+            if *published {
+                self.http_duration.with_label_values(&[route]);
+            }
+        }
+        self.http_requests.with_label_values(&[UNMATCHED, "404"]);
+        self.http_duration.with_label_values(&[UNMATCHED]);
+        self.sends.with_label_values(&["allowed", ""]);
+        for (decision, code) in known.send_codes {
+            self.sends.with_label_values(&[decision, code]);
+        }
+        for module in &known.modules {
+            self.policy_evaluation.with_label_values(&[module]);
+        }
+        for provider in known.providers {
+            for outcome in ["sent", "failed", "unknown"] {
+                self.provider_request.with_label_values(&[provider, outcome]);
+            }
+        }
+        for outcome in known.pbx_outcomes {
+            self.pbx_events.with_label_values(&[outcome]);
+        }
+        for outcome in ["delivered", "rejected", "error", "gone"] {
+            self.webhook_attempts.with_label_values(&[outcome]);
+        }
+        for outcome in ["applied", "failed", "unauthorized", "too_large", "unreadable"] {
+            self.ingress_events.with_label_values(&[outcome]);
+        }
+        for outcome in ["done", "busy"] {
+            self.password_work.with_label_values(&[outcome]);
+        }
+        for reason in ["source", "account", "busy"] {
+            self.signin_refused.with_label_values(&[reason]);
+        }
+    }
+
     /// Reads the gauges the store holds, then renders every metric.
     pub async fn render(&self, store: &Store) -> Result<String, StoreError> {
         let (pending, oldest) = store.outbox_backlog().await?;
         self.outbox_pending.set(pending);
         self.outbox_oldest_age.set(oldest.map_or(0.0, |at| (now_ms() - at).max(0) as f64 / 1000.0));
         self.instances.reset();
+        for state in ["open", "connecting", "close"] {
+            for paused in ["true", "false"] {
+                self.instances.with_label_values(&[state, paused]).set(0);
+            }
+        }
         for (state, paused, count) in store.instance_states().await? {
             self.instances.with_label_values(&[state.as_str(), if paused { "true" } else { "false" }]).set(count);
         }
@@ -203,6 +250,20 @@ impl Metrics {
     }
 }
 
+/// The label values [`Metrics::declare`] makes at 0, from the parts that own them.
+#[derive(Default)]
+pub struct Known<'a> {
+    /// Each route template, the status it answers on success, and whether it is in
+    /// the published contract (those also get their duration histogram).
+    pub routes: Vec<(String, u16, bool)>,
+    /// `(decision, error code)` of the send pipeline's outcomes.
+    pub send_codes: &'a [(&'a str, &'a str)],
+    /// The policy modules loaded at start.
+    pub modules: Vec<String>,
+    pub providers: &'a [&'a str],
+    pub pbx_outcomes: &'a [&'a str],
+}
+
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 /// The process's metrics.
@@ -215,30 +276,108 @@ pub fn send_outcome(decision: &str, error: &str) {
     get().sends.with_label_values(&[decision, error]).inc();
 }
 
-/// The route template of a request path, so the label's values stay few: a segment
-/// that carries an id (a digit, or longer than 24 characters) becomes `{id}`; a path
-/// the router matched to no handler (`unmatched`: Dropshot's own 404 or 405) is not
-/// kept, so a scanner cannot grow the label.
-pub fn route_of(uri: &str, unmatched: bool) -> String {
-    if unmatched {
-        return "unmatched".into();
+/// The route templates the HTTP server serves (`/instances/{id}/manage`), to label its
+/// answers by: the label's values are these and `unmatched`, never request input.
+#[derive(Default)]
+pub struct Routes {
+    routes: Vec<Route>,
+}
+
+struct Route {
+    template: String,
+    segments: Vec<Segment>,
+}
+
+enum Segment {
+    Literal(String),
+    /// `{name}`: any one segment.
+    Variable,
+    /// `{name:.*}`: the rest of the path.
+    Rest,
+}
+
+impl Routes {
+    /// From each route's template, as the router lists it.
+    pub fn new<'a>(templates: impl IntoIterator<Item = &'a str>) -> Routes {
+        let mut routes: Vec<Route> = Vec::new();
+        for template in templates {
+            if routes.iter().any(|r| r.template == template) {
+                continue;
+            }
+            let segments = split(template)
+                .map(|s| match s.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                    Some(var) if var.ends_with(":.*") => Segment::Rest,
+                    Some(_) => Segment::Variable,
+                    None => Segment::Literal(s.to_string()),
+                })
+                .collect();
+            routes.push(Route { template: template.to_string(), segments });
+        }
+        Routes { routes }
     }
-    let path = uri.split(['?', '#']).next().unwrap_or("");
-    let mut route = String::new();
-    for segment in path.split('/').filter(|s| !s.is_empty()).take(6) {
-        route.push('/');
-        if segment.len() > 24 || segment.bytes().any(|b| b.is_ascii_digit()) {
-            route.push_str("{id}");
-        } else {
-            route.push_str(segment);
+
+    /// Every template.
+    pub fn templates(&self) -> impl Iterator<Item = &str> {
+        self.routes.iter().map(|r| r.template.as_str())
+    }
+
+    /// The template a request URI (origin or absolute form, with or without a query)
+    /// falls under, or `unmatched`. Segments are compared percent-decoded and empty
+    /// ones skipped, as the router does. At most one template matches: the router
+    /// refuses a literal and a variable at the same place.
+    pub fn label(&self, uri: &str) -> &str {
+        let path = match uri.parse::<http::Uri>() {
+            Ok(uri) => uri.path().to_string(),
+            Err(_) => return UNMATCHED,
+        };
+        let segments: Vec<std::borrow::Cow<'_, str>> =
+            split(&path).map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy()).collect();
+        self.routes
+            .iter()
+            .find(|route| matches(&route.segments, &segments))
+            .map_or(UNMATCHED, |route| route.template.as_str())
+    }
+}
+
+/// The `route` label of a request that no template matches.
+pub const UNMATCHED: &str = "unmatched";
+
+fn split(path: &str) -> impl Iterator<Item = &str> {
+    path.split('/').filter(|s| !s.is_empty())
+}
+
+fn matches(route: &[Segment], path: &[std::borrow::Cow<'_, str>]) -> bool {
+    let mut path = path.iter();
+    for segment in route {
+        match segment {
+            Segment::Rest => return true,
+            Segment::Variable => {
+                if path.next().is_none() {
+                    return false;
+                }
+            }
+            Segment::Literal(literal) => {
+                if path.next().is_none_or(|s| s != literal) {
+                    return false;
+                }
+            }
         }
     }
-    if route.is_empty() { "/".into() } else { route }
+    path.next().is_none()
 }
 
 /// A slog drain in front of the HTTP server's logger that counts Dropshot's "request
-/// completed" records (see the module docs) and passes every record on.
-pub struct HttpDrain;
+/// completed" records (see the module docs) by route template, and passes every
+/// record on.
+pub struct HttpDrain {
+    routes: Arc<Routes>,
+}
+
+impl HttpDrain {
+    pub fn new(routes: Arc<Routes>) -> HttpDrain {
+        HttpDrain { routes }
+    }
+}
 
 impl slog::Drain for HttpDrain {
     type Ok = ();
@@ -252,15 +391,11 @@ impl slog::Drain for HttpDrain {
         let _ = slog::KV::serialize(&record.kv(), record, &mut fields);
         let _ = slog::KV::serialize(values, record, &mut fields);
         if let (Some(status), Some(uri)) = (fields.status, fields.uri) {
-            let by_router = fields
-                .internal
-                .as_deref()
-                .is_some_and(|m| m.starts_with("no route found") || m.starts_with("route has no handlers"));
-            let route = route_of(&uri, status == 405 || (status == 404 && by_router));
+            let route = self.routes.label(&uri);
             let m = get();
-            m.http_requests.with_label_values(&[route.as_str(), &status.to_string()]).inc();
+            m.http_requests.with_label_values(&[route, &status.to_string()]).inc();
             if let Some(us) = fields.latency_us {
-                m.http_duration.with_label_values(&[route.as_str()]).observe(us as f64 / 1e6);
+                m.http_duration.with_label_values(&[route]).observe(us as f64 / 1e6);
             }
         }
         Ok(())
@@ -272,8 +407,6 @@ struct Fields {
     status: Option<u16>,
     uri: Option<String>,
     latency_us: Option<u64>,
-    /// Dropshot's internal error message, on an error answer.
-    internal: Option<String>,
 }
 
 impl slog::Serializer for Fields {
@@ -305,8 +438,6 @@ impl slog::Serializer for Fields {
     fn emit_str(&mut self, key: slog::Key, val: &str) -> slog::Result {
         if key == "uri" && self.uri.is_none() {
             self.uri = Some(val.to_string());
-        } else if key == "error_message_internal" {
-            self.internal = Some(val.chars().take(64).collect());
         }
         Ok(())
     }
@@ -339,14 +470,35 @@ pub fn api() -> Result<dropshot::ApiDescription<Arc<MetricsContext>>, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::route_of;
+    use super::{Routes, UNMATCHED};
 
     #[test]
-    fn routes_keep_their_template_and_ids_fold() {
-        assert_eq!(route_of("/api/send-message", false), "/api/send-message");
-        assert_eq!(route_of("/integrations/pbx/webhook/pbx_3f2a9c?x=1", false), "/integrations/pbx/webhook/{id}");
-        assert_eq!(route_of("/instances/ins_0123456789abcdef0123456789abcdef", false), "/instances/{id}");
-        assert_eq!(route_of("/no/such/thing", true), "unmatched");
-        assert_eq!(route_of("/", false), "/");
+    fn a_request_is_labelled_by_its_template_or_unmatched() {
+        let routes = Routes::new([
+            "/api/send-message",
+            "/integrations/pbx/webhook/{integration_id}",
+            "/instances/{id}",
+            "/instances/{id}/manage",
+            "/assets/{path:.*}",
+            "/",
+        ]);
+        assert_eq!(routes.label("/api/send-message"), "/api/send-message");
+        assert_eq!(routes.label("/api/send-message?x=1"), "/api/send-message");
+        assert_eq!(routes.label("/api/send%2Dmessage"), "/api/send-message", "decoded, as the router does");
+        assert_eq!(routes.label("//api//send-message/"), "/api/send-message", "empty segments skipped");
+        assert_eq!(routes.label("http://gw.example/api/send-message"), "/api/send-message", "absolute form");
+        assert_eq!(
+            routes.label("/integrations/pbx/webhook/pbx_3f2a9c?x=1"),
+            "/integrations/pbx/webhook/{integration_id}"
+        );
+        assert_eq!(routes.label("/instances/anything-at-all/manage"), "/instances/{id}/manage");
+        assert_eq!(routes.label("/instances/x"), "/instances/{id}");
+        assert_eq!(routes.label("/assets/a/b/c.css"), "/assets/{path:.*}");
+        assert_eq!(routes.label("/"), "/");
+        for made_up in ["/no/such/thing", "/instances/x/y/z", "/api", "/api/send-messages", "/integrations/pbx/webhook"]
+        {
+            assert_eq!(routes.label(made_up), UNMATCHED, "{made_up}");
+        }
+        assert_eq!(Routes::default().label("/api/send-message"), UNMATCHED);
     }
 }

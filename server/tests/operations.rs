@@ -133,6 +133,103 @@ async fn prometheus_scrapes_the_metrics_listener_and_reads_the_send_counter_back
     db.drop_it().await;
 }
 
+/// The metric families the README's Metrics table names.
+fn readme_families() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let section = readme.split("\n## Metrics\n").nth(1).unwrap().split("\n## ").next().unwrap();
+    let mut families = Vec::new();
+    for row in section.lines().filter(|l| l.starts_with("| `gateway_")) {
+        let first_cell = row.split(" | ").next().unwrap();
+        for name in first_cell.split('`').filter(|s| s.starts_with("gateway_")) {
+            families.push(name.split('{').next().unwrap().to_string());
+        }
+    }
+    families
+}
+
+/// Each series of an exposition (its name and labels), without its value.
+fn series(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.rsplit_once(' ').unwrap().0.to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn every_family_is_there_from_the_start_and_made_up_paths_add_no_series() {
+    let db = Db::new("metrics_bounded").await;
+    run_json(gateway(&db.url, &["demo"], &[]));
+    let (port, metrics_port) = (free_port(), free_port());
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let env = [("GATEWAY_METRICS_LISTEN", metrics_listen.as_str()), ("GATEWAY_WEBHOOKS__DISPATCH", "false")];
+    let server = common::serve(gateway(&db.url, &[], &env), port).await;
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let scrape =
+        || async { http.get(format!("http://{metrics_listen}/metrics")).send().await.unwrap().text().await.unwrap() };
+
+    // Before any request but the readiness probe: every family the README names, and
+    // the series an alert reads, at 0.
+    let fresh = scrape().await;
+    let families = readme_families();
+    assert!(families.len() >= 17, "the README's table: {families:?}");
+    for family in &families {
+        assert!(fresh.contains(&format!("# TYPE {family} ")), "{family} is missing from the first scrape:\n{fresh}");
+    }
+    for line in [
+        "gateway_webhook_attempts_total{outcome=\"delivered\"} 0",
+        "gateway_webhook_attempts_total{outcome=\"error\"} 0",
+        "gateway_sends_total{decision=\"allowed\",error=\"\"} 0",
+        "gateway_sends_total{decision=\"refused\",error=\"revoked_api_key\"} 0",
+        "gateway_sends_total{decision=\"allowed\",error=\"gateway_send_failed\"} 0",
+        "gateway_http_requests_total{route=\"/api/send-message\",status=\"200\"} 0",
+        "gateway_http_request_duration_seconds_count{route=\"/api/send-message\"} 0",
+        "gateway_http_requests_total{route=\"/instances/{id}/manage\",status=\"200\"} 0",
+        "gateway_pbx_events_total{outcome=\"message_sent\"} 0",
+        "gateway_pbx_events_total{outcome=\"webhook_rate_limited\"} 0",
+        "gateway_ingress_events_total{outcome=\"unauthorized\"} 0",
+        "gateway_provider_request_seconds_count{outcome=\"unknown\",provider=\"evolution\"} 0",
+        "gateway_policy_evaluation_seconds_count{module=\"content\"} 0",
+        "gateway_signin_refused_total{reason=\"source\"} 0",
+        "gateway_tls_reload_failures_total 0",
+        "gateway_instances{connection_state=\"close\",paused=\"true\"} 0",
+    ] {
+        assert!(fresh.contains(line), "{line} is not in the first scrape:\n{fresh}");
+    }
+
+    // Made-up ids and paths where a scanner would try them, unauthenticated: labelled
+    // by their template or `unmatched`, never by what the request carried. A second
+    // round with other values adds nothing.
+    let base = format!("http://127.0.0.1:{port}");
+    let mut rounds = Vec::new();
+    for round in 0..2 {
+        for i in 0..150 {
+            // Letters only: a digit would have been folded even by a label taken from
+            // the path (the old rule), so these are the ids that grew it.
+            let letters: String = [round * 150 + i, (round * 150 + i) / 26, (round * 150 + i) / 676]
+                .iter()
+                .map(|n| char::from(b'a' + (n % 26) as u8))
+                .collect();
+            let id = format!("zq{letters}");
+            let answers = [
+                http.get(format!("{base}/instances/{id}/manage")).send().await.unwrap().status(),
+                http.get(format!("{base}/messages/{id}")).send().await.unwrap().status(),
+                http.post(format!("{base}/integrations/pbx/webhook/{id}")).body("{}").send().await.unwrap().status(),
+                http.post(format!("{base}/internal/provider/evolution/{id}")).body("{}").send().await.unwrap().status(),
+                http.get(format!("{base}/{id}/{id}?{id}={id}")).send().await.unwrap().status(),
+            ];
+            assert!(answers.iter().all(|s| !s.is_success()), "{id}: {answers:?}");
+        }
+        rounds.push(scrape().await);
+    }
+    assert!(!rounds[1].contains("zq"), "a label took a value from a request:\n{}", rounds[1]);
+    assert_eq!(series(&rounds[0]), series(&rounds[1]), "the second round of made-up paths added series");
+    let grown = series(&rounds[1]).difference(&series(&fresh)).cloned().collect::<Vec<_>>();
+    assert!(grown.len() < 80, "600 made-up requests added {} series: {grown:#?}", grown.len());
+    assert!(rounds[1].contains("gateway_http_requests_total{route=\"unmatched\",status=\"404\"} 300"), "{}", rounds[1]);
+    kill(server);
+    db.drop_it().await;
+}
+
 /// `kill -HUP` makes the binary serve a renewed certificate to new connections.
 #[tokio::test]
 async fn sighup_swaps_in_a_renewed_certificate() {

@@ -68,6 +68,33 @@ fn payload_error(field: &'static str, reason: impl Into<String>) -> ApiError {
         .with_detail("reason", reason)
 }
 
+/// What the PBX events counter is labelled with, made at 0 at start: every action,
+/// then every error code in the order the webhook checks (the README's list).
+pub const OUTCOMES: &[&str] = &[
+    "received",
+    "ignored",
+    "message_sent",
+    "cooldown",
+    "outside_conversation_window",
+    "payload_too_large",
+    "invalid_pbx_webhook",
+    "invalid_json",
+    "validation_error",
+    "module_not_enabled",
+    "webhook_rate_limited",
+    "idempotency_request_in_progress",
+    "policy_violation",
+    "recipient_suppressed",
+    "message_purpose_not_allowed",
+    "instance_paused_for_review",
+    "active_plan_required",
+    "sending_throttled",
+    "daily_message_limit_exceeded",
+    "monthly_message_limit_exceeded",
+    "gateway_send_failed",
+    "internal_error",
+];
+
 /// What an event asks for, decided before anything is written.
 enum Plan {
     /// Answer with this action; nothing is sent.

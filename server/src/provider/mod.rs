@@ -12,6 +12,9 @@ pub use simulator::Simulator;
 use crate::media::Media;
 use async_trait::async_trait;
 
+/// The providers an instance can be created with (its `provider`).
+pub const NAMES: &[&str] = &["simulator", "evolution"];
+
 /// What to deliver.
 #[derive(Clone, Debug)]
 pub struct OutboundMessage {

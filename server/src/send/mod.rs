@@ -51,6 +51,28 @@ pub const ORPHAN_MARGIN_MS: i64 = 10_000;
 /// call was in flight (the handler's backstop): it may have been sent.
 pub const CANCELLED_REASON: &str = "the request ended while the provider call was in flight; it may have been sent";
 
+/// Every [`SendError::outcome`]: the send counter's series made at 0 at start.
+pub const OUTCOMES: &[(&str, &str)] = &[
+    ("allowed", "gateway_send_failed"),
+    ("error", "internal_error"),
+    ("refused", "validation_error"),
+    ("refused", "missing_phone"),
+    ("refused", "missing_message_text"),
+    ("refused", "message_purpose_required"),
+    ("refused", "revoked_api_key"),
+    ("refused", "invalid_instance"),
+    ("refused", "active_plan_required"),
+    ("refused", "module_not_enabled"),
+    ("refused", "instance_paused_for_review"),
+    ("refused", "message_purpose_not_allowed"),
+    ("refused", "policy_violation"),
+    ("refused", "recipient_suppressed"),
+    ("refused", "sending_throttled"),
+    ("refused", "daily_message_limit_exceeded"),
+    ("refused", "monthly_message_limit_exceeded"),
+    ("refused", "idempotency_request_in_progress"),
+];
+
 /// Why a send did not go out. Mapped to the wire in `http/error.rs`.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
@@ -120,6 +142,17 @@ impl SendError {
             SendError::IdempotencyInProgress => "idempotency_request_in_progress",
             SendError::Store(_) => "internal_error",
         }
+    }
+
+    /// The attempt's `(decision, error code)` as the send counter labels it: `allowed`
+    /// when the provider was called, `error` when the store failed, else `refused`.
+    pub fn outcome(&self) -> (&'static str, &'static str) {
+        let decision = match self {
+            SendError::Provider(_) => "allowed",
+            SendError::Store(_) => "error",
+            _ => "refused",
+        };
+        (decision, self.code())
     }
 
     /// Whether the answer means "try again later" with nothing sent: throttling, a
@@ -272,9 +305,7 @@ impl Sender {
         let result = self.attempt(input).await;
         let (decision, error) = match &result {
             Ok(_) => ("allowed", ""),
-            Err(e @ SendError::Provider(_)) => ("allowed", e.code()),
-            Err(e @ SendError::Store(_)) => ("error", e.code()),
-            Err(e) => ("refused", e.code()),
+            Err(e) => e.outcome(),
         };
         crate::metrics::send_outcome(decision, error);
         result
@@ -965,6 +996,42 @@ fn truncate(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_outcome_is_declared_for_the_metrics() {
+        let limit = || (1, 1, 0, 1);
+        let (l, u, r, a) = limit();
+        let errors = [
+            validation("phone", "bad"),
+            SendError::MissingPhone,
+            SendError::MissingMessageText,
+            SendError::PurposeRequired,
+            SendError::KeyRevoked,
+            SendError::InvalidInstance,
+            SendError::ActivePlanRequired { plan_status: PlanStatus::None },
+            SendError::ModuleNotEnabled { module: "api" },
+            SendError::Paused { reason: None },
+            SendError::PurposeNotAllowed { policy: "p".into(), rule: "r".into(), reason: "x".into(), risk_score: 0 },
+            SendError::PolicyViolation {
+                policy: "p".into(),
+                rule: None,
+                reason: "x".into(),
+                action: "block",
+                risk_score: 0,
+            },
+            SendError::Suppressed,
+            SendError::Throttled { scope: "instance", limit: l, retry_after_seconds: a },
+            SendError::DailyLimit { limit: l, used: u, resets_at: r, retry_after_seconds: a },
+            SendError::MonthlyLimit { limit: l, used: u, resets_at: r, retry_after_seconds: a },
+            SendError::IdempotencyInProgress,
+            SendError::Provider(ProviderError::Timeout(1)),
+            SendError::Store(StoreError::Conflict("x".into())),
+        ];
+        assert_eq!(errors.len(), OUTCOMES.len());
+        for e in &errors {
+            assert!(OUTCOMES.contains(&e.outcome()), "{:?} is not in OUTCOMES", e.outcome());
+        }
+    }
 
     /// These tests stop at the schema step; no policy is asked.
     struct Unreachable;
