@@ -6,14 +6,13 @@
 #   git worktree add /tmp/base <commit>
 #   (cd /tmp/base && CARGO_TARGET_DIR=$PWD/../main/target cargo build --release -p gateway-server --bin gateway)
 #   cp target/release/gateway /tmp/gateway-base
-#   BASE_BIN=/tmp/gateway-base ROUNDS=2 DURATION=8 bench/compare.sh   # needs wrk and oha
+#   BASE_BIN=/tmp/gateway-base ROUNDS=2 DURATION=8 bench/compare.sh   # needs wrk and hey (Debian)
 #
-# Throughput: wrk -t1 -c32 (closed loop). Latency: oha -q 1000 -c 32 (open loop).
+# Throughput: wrk -t1 -c32 (closed loop). Latency: hey -c 32 -q 31.25 (1,000 req/s offered).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8}
 ROUNDS=${ROUNDS:-2}
-OHA=${OHA:-$(command -v oha || echo /tmp/oha/bin/oha)}
 : "${BASE_BIN:?set BASE_BIN to the gateway binary to compare with}"
 . bench/common.sh
 BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactional","message":"Your code is 123456"}'
@@ -22,8 +21,8 @@ measure() { # name url key
   local name=$1 url=$2 key=$3
   local rps p99
   rps=$(API_KEY=$key wrk -t1 -c32 -d${DURATION}s -s bench/send.lua "$url" | awk '/Requests\/sec/ {print $2}')
-  p99=$("$OHA" -z ${DURATION}s -q 1000 -c 32 --no-tui -m POST -H "Content-Type: application/json" \
-    ${key:+-H "Authorization: Bearer $key"} -d "$BODY" "$url" | awk '/99.00%/ {print $3, $4}')
+  p99=$(hey -z ${DURATION}s -q 31.25 -c 32 -m POST -T application/json \
+    ${key:+-H "Authorization: Bearer $key"} -d "$BODY" "$url" | awk '/  99% in/ {printf "%.1f ms", $3 * 1000}')
   printf '%-28s %10s req/s   p99 at 1000 req/s: %s\n' "$name" "$rps" "$p99"
 }
 

@@ -2,15 +2,15 @@
 # Load benchmark of POST /api/send-message (text, simulator) on SQLite and PostgreSQL,
 # against a bare Dropshot JSON echo built the same way, in the same run.
 #
-#   bench/run.sh            # needs wrk (apt-get install wrk) and oha (cargo install oha)
+#   bench/run.sh            # needs wrk and hey (apt-get install wrk hey)
 #
 # Throughput: wrk, 1 thread, 32 connections, DURATION seconds (closed loop).
-# Latency at a fixed rate: oha -q 1000 (open loop) for DURATION seconds.
+# Latency at an offered 1,000 req/s: hey, 32 workers at 31.25 req/s each, DURATION seconds
+# (each worker waits for its answer, so a stall delays its next request).
 # Limits of the demo customer are lifted so that quota and velocity never refuse.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
-OHA=${OHA:-$(command -v oha || echo /tmp/oha/bin/oha)}
 . bench/common.sh
 BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactional","message":"Your code is 123456"}'
 
@@ -19,8 +19,8 @@ measure() { # name url key
   local name=$1 url=$2 key=$3
   echo "### $name"
   API_KEY=$key wrk -t1 -c32 -d${DURATION}s --latency -s bench/send.lua "$url" | grep -E "Requests/sec|^ +(50|99)%|Non-2xx|Socket errors"
-  "$OHA" -z ${DURATION}s -q 1000 -c 32 --no-tui -m POST -H "Content-Type: application/json" \
-    ${key:+-H "Authorization: Bearer $key"} -d "$BODY" "$url" | grep -E "Requests/sec|50.00%|99.00%|\[2|\[4|\[5" | sed 's/^/  oha q=1000: /'
+  hey -z ${DURATION}s -q 31.25 -c 32 -m POST -T application/json \
+    ${key:+-H "Authorization: Bearer $key"} -d "$BODY" "$url" | grep -E "Requests/sec|  50% in|  99% in|\[2|\[4|\[5" | sed 's/^/  hey 1000\/s: /'
 }
 
 mkdir -p "$work/policies" && cp policies/dist/purpose.wasm policies/dist/content.wasm "$work/policies/"
