@@ -11,6 +11,7 @@ pub mod bounds;
 pub mod config;
 pub mod dashboard;
 pub mod http;
+pub mod logging;
 pub mod ingress;
 pub mod media;
 pub mod metrics;
@@ -26,9 +27,11 @@ pub mod tls;
 pub mod trace;
 pub mod webhooks;
 
+pub use logging::make_logger;
+
 use config::Config;
 use dropshot::{
-    ConfigDropshot, ConfigLogging, ConfigLoggingIfExists, ConfigLoggingLevel, HandlerTaskMode, ServerBuilder,
+    ConfigDropshot, HandlerTaskMode, ServerBuilder,
 };
 use slog::{Drain, Logger, info, warn};
 use std::net::SocketAddr;
@@ -256,7 +259,9 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     };
     // Every answer is counted from Dropshot's "request completed" record (see metrics).
     let http_log = log.new(slog::o!("component" => "http"));
-    let http_log = Logger::root(slog::Duplicate::new(metrics::HttpDrain::new(routes), http_log).fuse(), slog::o!());
+    // The send's handler writes its request's one line (see `http::message_send`).
+    let quiet = vec![("POST", "/api/send-message")];
+    let http_log = Logger::root(metrics::HttpDrain::new(routes, quiet, http_log), slog::o!());
     let sha256 = tls_loaded.as_ref().map(|l| l.sha256.clone());
     let http = ServerBuilder::new(api, state, http_log)
         .config(dropshot_config)
@@ -362,25 +367,3 @@ fn spawn_retention(store: Store, config: Arc<Config>, log: Logger) -> JoinHandle
     })
 }
 
-/// The root logger `config` asks for: bunyan JSON lines (stderr or `log_file`), or
-/// human-readable lines on stderr. Stdout is left to the CLI's JSON output.
-pub fn make_logger(config: &Config) -> Result<Logger, String> {
-    let level = match config.log_level.as_str() {
-        "trace" => ConfigLoggingLevel::Trace,
-        "debug" => ConfigLoggingLevel::Debug,
-        "info" => ConfigLoggingLevel::Info,
-        "warn" => ConfigLoggingLevel::Warn,
-        "error" => ConfigLoggingLevel::Error,
-        "critical" => ConfigLoggingLevel::Critical,
-        other => return Err(format!("unknown log level {other:?}")),
-    };
-    let logging = match (config.log_format.as_str(), &config.log_file) {
-        ("pretty", None) => ConfigLogging::StderrTerminal { level },
-        (_, file) => ConfigLogging::File {
-            level,
-            path: file.clone().unwrap_or_else(|| "/dev/stderr".to_string()).into(),
-            if_exists: ConfigLoggingIfExists::Append,
-        },
-    };
-    logging.to_logger("gateway").map_err(|e| e.to_string())
-}

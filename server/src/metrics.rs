@@ -33,6 +33,7 @@ pub struct Metrics {
     pub signin_refused: IntCounterVec,
     pub tls_reloads: IntCounter,
     pub tls_reload_failures: IntCounter,
+    pub log_records_dropped: IntCounter,
     outbox_pending: IntGauge,
     outbox_oldest_age: Gauge,
     instances: IntGaugeVec,
@@ -158,6 +159,11 @@ impl Metrics {
                 &registry,
                 "gateway_tls_reload_failures_total",
                 "TLS certificate and key pairs refused on reload (SIGHUP): unreadable, not PEM, no certificate or key, or a key that is not the certificate's; the current pair stays.",
+            ),
+            log_records_dropped: plain_counter(
+                &registry,
+                "gateway_log_records_dropped_total",
+                "Log records dropped because the log's queue was full (the writer fell behind); a request never waits on the log.",
             ),
             pbx_events: counter(
                 &registry,
@@ -366,38 +372,46 @@ fn matches(route: &[Segment], path: &[std::borrow::Cow<'_, str>]) -> bool {
     path.next().is_none()
 }
 
-/// A slog drain in front of the HTTP server's logger that counts Dropshot's "request
-/// completed" records (see the module docs) by route template, and passes every
-/// record on.
-pub struct HttpDrain {
+/// The HTTP server's logger: counts Dropshot's "request completed" records (see the
+/// module docs) by route template, then passes every record on to `next`, except the
+/// completion of a request to a `quiet` route answered below 500, whose handler writes
+/// the request's one line itself (with its decision).
+pub struct HttpDrain<D> {
     routes: Arc<Routes>,
+    /// `(method, route)` pairs whose handler logs the request's line.
+    quiet: Vec<(&'static str, &'static str)>,
+    next: D,
 }
 
-impl HttpDrain {
-    pub fn new(routes: Arc<Routes>) -> HttpDrain {
-        HttpDrain { routes }
+impl<D> HttpDrain<D> {
+    pub fn new(routes: Arc<Routes>, quiet: Vec<(&'static str, &'static str)>, next: D) -> HttpDrain<D> {
+        HttpDrain { routes, quiet, next }
     }
 }
 
-impl slog::Drain for HttpDrain {
+impl<D: slog::Drain> slog::Drain for HttpDrain<D> {
     type Ok = ();
     type Err = slog::Never;
 
     fn log(&self, record: &slog::Record<'_>, values: &slog::OwnedKVList) -> Result<(), slog::Never> {
-        if record.msg().as_str() != Some("request completed") {
-            return Ok(());
-        }
-        let mut fields = Fields::default();
-        let _ = slog::KV::serialize(&record.kv(), record, &mut fields);
-        let _ = slog::KV::serialize(values, record, &mut fields);
-        if let (Some(status), Some(uri)) = (fields.status, fields.uri) {
-            let route = self.routes.label(&uri);
-            let m = get();
-            m.http_requests.with_label_values(&[route, &status.to_string()]).inc();
-            if let Some(us) = fields.latency_us {
-                m.http_duration.with_label_values(&[route]).observe(us as f64 / 1e6);
+        if record.msg().as_str() == Some("request completed") {
+            let mut fields = Fields::default();
+            let _ = slog::KV::serialize(&record.kv(), record, &mut fields);
+            let _ = slog::KV::serialize(values, record, &mut fields);
+            if let (Some(status), Some(uri)) = (fields.status, &fields.uri) {
+                let route = self.routes.label(uri);
+                let m = get();
+                m.http_requests.with_label_values(&[route, &status.to_string()]).inc();
+                if let Some(us) = fields.latency_us {
+                    m.http_duration.with_label_values(&[route]).observe(us as f64 / 1e6);
+                }
+                let method = fields.method.as_deref().unwrap_or("");
+                if status < 500 && self.quiet.iter().any(|(m, r)| *m == method && *r == route) {
+                    return Ok(());
+                }
             }
         }
+        let _ = self.next.log(record, values);
         Ok(())
     }
 }
@@ -406,6 +420,7 @@ impl slog::Drain for HttpDrain {
 struct Fields {
     status: Option<u16>,
     uri: Option<String>,
+    method: Option<String>,
     latency_us: Option<u64>,
 }
 
@@ -438,6 +453,8 @@ impl slog::Serializer for Fields {
     fn emit_str(&mut self, key: slog::Key, val: &str) -> slog::Result {
         if key == "uri" && self.uri.is_none() {
             self.uri = Some(val.to_string());
+        } else if key == "method" && self.method.is_none() {
+            self.method = Some(val.to_string());
         }
         Ok(())
     }

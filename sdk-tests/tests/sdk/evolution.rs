@@ -260,15 +260,26 @@ async fn a_request_is_followed_by_its_id_from_the_caller_to_the_provider_and_the
     let refused_id = refused.headers()["x-request-id"].to_str().unwrap().to_string();
     let (_, row) = cx.store().recent_log(&cx.tenant.customer_id, 1).await.unwrap().remove(0);
     assert_eq!((row.request_id.as_deref(), row.correlation_id.as_deref()), (Some(&*refused_id), Some("ticket-4712")));
-    // Every JSON log line of the request carries the id, and the correlation id beside it.
-    let log = std::fs::read_to_string(cx.config.log_file.as_deref().unwrap()).unwrap();
-    let lines: Vec<serde_json::Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|l| l["req_id"] == request_id.as_str())
-        .collect();
-    assert!(lines.len() >= 2, "the request's lines: {lines:?}");
-    assert!(lines.iter().all(|l| l["hdr_x_correlation_id"] == "ticket-4711"), "{lines:?}");
+    // The send writes one JSON log line (its decision, status and time), with the
+    // request id and, beside it, the correlation id. The log is written by a thread of
+    // its own: read until the line is there.
+    let mut lines: Vec<serde_json::Value> = Vec::new();
+    for _ in 0..100 {
+        let log = std::fs::read_to_string(cx.config.log_file.as_deref().unwrap()).unwrap();
+        lines = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["req_id"] == request_id.as_str())
+            .collect();
+        if !lines.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(lines.len(), 1, "the request's lines: {lines:?}");
+    assert_eq!(lines[0]["msg"], "send accepted", "{lines:?}");
+    assert_eq!((lines[0]["status"].as_u64(), lines[0]["hdr_x_correlation_id"].as_str()), (Some(200), Some("ticket-4711")));
+    assert!(lines[0]["latency_us"].as_u64().is_some() && lines[0]["uri"] == "/api/send-message", "{lines:?}");
     // The customer finds the row in the dashboard by either id.
     use gateway_sdk_tests::dashboard::signed_in;
     use gateway_server::dashboard::roles::Role;

@@ -591,7 +591,10 @@ fn on_off(v: Option<String>) -> Option<bool> {
 
 #[tokio::main]
 async fn main() {
-    if let Err(e) = run().await {
+    let result = run().await;
+    // Every line logged before the end is written before the process ends.
+    gateway_server::logging::flush();
+    if let Err(e) = result {
         let out = json!({"error": format!("{e:#}")});
         eprintln!("{out}");
         std::process::exit(1);

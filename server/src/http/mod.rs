@@ -47,7 +47,9 @@ impl GatewayApi for GatewayApiImpl {
         // `send::settle`).
         let budget = state.config.provider_timeout() + 3 * Duration::from_millis(state.config.database_timeout_ms);
         let progress = crate::send::settle::Progress::default();
-        let handled = catch_panics(&log, send_message(state, headers, trace, body, progress.clone(), log.clone()));
+        let started = std::time::Instant::now();
+        let handled =
+            catch_panics(&log, send_message(state, headers, trace, body, progress.clone(), log.clone(), started));
         match tokio::time::timeout(budget, handled).await {
             Ok(Err(e)) if e.status.as_u16() == 503 => Ok(reply(error::error_answer(&e))),
             Ok(result) => result,
@@ -118,7 +120,11 @@ async fn send_message(
     body: JsonBody<SendMessageRequest>,
     progress: crate::send::settle::Progress,
     log: Logger,
+    started: std::time::Instant,
 ) -> Result<SendReply, ApiError> {
+    // The send's one line (Dropshot's "request completed" is counted, not written, for
+    // this route: see `metrics::HttpDrain`): the decision, the status, the time.
+    let us = || started.elapsed().as_micros() as u64;
     // The idempotency key's state is read with the API key, in one round trip; a
     // malformed key is refused after the body is read (415, 400 and 422 keep their order).
     let idem_key = idempotency::key_from(headers.get(idempotency::HEADER).map(|v| v.as_bytes()));
@@ -126,7 +132,7 @@ async fn send_message(
     let (key, snapshot) = match auth::authenticate(&state.store, &headers, wanted).await {
         Ok(found) => found,
         Err(e) => {
-            info!(log, "send refused"; "error" => e.code);
+            info!(log, "send refused"; "error" => e.code, "status" => e.status.as_u16(), "latency_us" => us());
             return Err(e);
         }
     };
@@ -135,7 +141,7 @@ async fn send_message(
     let request = match body.parse().await {
         Ok(request) => request,
         Err(e) => {
-            info!(log, "send refused"; "error" => e.code);
+            info!(log, "send refused"; "error" => e.code, "status" => e.status.as_u16(), "latency_us" => us());
             state.sender.record_unreadable(&key.customer_id, &key.id, e.code, &e.message, &trace).await?;
             return Err(e);
         }
@@ -149,7 +155,10 @@ async fn send_message(
         trace,
         progress,
     };
-    let idem_key = idem_key.map_err(|e| key_refusal("validation_error", e))?;
+    let idem_key = idem_key.map_err(|e| {
+        info!(log, "send refused"; "error" => "validation_error", "status" => 422, "latency_us" => us());
+        key_refusal("validation_error", e)
+    })?;
     if let Some(idem_key) = idem_key {
         let keys = idempotency::Keys {
             store: &state.store,
@@ -159,15 +168,16 @@ async fn send_message(
         match idempotency::claim(&keys, &key.customer_id, idem_key, &input.body, snapshot).await? {
             idempotency::Outcome::Run(claim) => input.idempotency = Some(claim),
             idempotency::Outcome::Replay(answer) => {
-                info!(log, "send replayed"; "status" => answer.status);
+                info!(log, "send replayed"; "status" => answer.status, "latency_us" => us());
                 return Ok(reply(answer).with_header(idempotency::REPLAYED_HEADER, "true"));
             }
             idempotency::Outcome::InProgress => {
-                info!(log, "send refused"; "error" => "idempotency_request_in_progress");
+                info!(log, "send refused"; "error" => "idempotency_request_in_progress", "status" => 409,
+                      "latency_us" => us());
                 return Ok(reply(error::send_answer(&Err(SendError::IdempotencyInProgress))));
             }
             idempotency::Outcome::Reused => {
-                info!(log, "send refused"; "error" => "idempotency_key_reused");
+                info!(log, "send refused"; "error" => "idempotency_key_reused", "status" => 422, "latency_us" => us());
                 return Err(key_refusal("idempotency_key_reused", idempotency::KeyError::Reused));
             }
         }
@@ -175,19 +185,21 @@ async fn send_message(
     let result = state.sender.send(&input).await;
     let answer = match &result {
         Ok(sent) => {
-            info!(log, "send accepted"; "log_id" => sent.log_id, "message_id" => &sent.message_id, "type" => &sent.message_type);
+            info!(log, "send accepted"; "log_id" => sent.log_id, "message_id" => &sent.message_id,
+                  "type" => &sent.message_type, "status" => 200, "latency_us" => us());
             error::send_answer(&result)
         }
         Err(SendError::KeyRevoked) => {
-            info!(log, "send refused"; "error" => "revoked_api_key");
+            info!(log, "send refused"; "error" => "revoked_api_key", "status" => 401, "latency_us" => us());
             error::error_answer(&auth::revoked(&key))
         }
         Err(e) => {
             let api = ApiError::from(e);
             if api.status.as_u16() >= 500 {
-                error!(log, "send failed"; "error" => api.code, "internal" => api.internal.as_deref().unwrap_or(""));
+                error!(log, "send failed"; "error" => api.code, "internal" => api.internal.as_deref().unwrap_or(""),
+                       "status" => api.status.as_u16(), "latency_us" => us());
             } else {
-                info!(log, "send refused"; "error" => api.code);
+                info!(log, "send refused"; "error" => api.code, "status" => api.status.as_u16(), "latency_us" => us());
             }
             error::error_answer(&api)
         }
