@@ -11,8 +11,8 @@ pub mod bounds;
 pub mod config;
 pub mod dashboard;
 pub mod http;
-pub mod logging;
 pub mod ingress;
+pub mod logging;
 pub mod media;
 pub mod metrics;
 pub mod net;
@@ -30,10 +30,8 @@ pub mod webhooks;
 pub use logging::make_logger;
 
 use config::Config;
-use dropshot::{
-    ConfigDropshot, HandlerTaskMode, ServerBuilder,
-};
-use slog::{Drain, Logger, info, warn};
+use dropshot::{ConfigDropshot, HandlerTaskMode, ServerBuilder};
+use slog::{Logger, info, warn};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -366,4 +364,3 @@ fn spawn_retention(store: Store, config: Arc<Config>, log: Logger) -> JoinHandle
         }
     })
 }
-

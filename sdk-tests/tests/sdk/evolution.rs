@@ -278,7 +278,10 @@ async fn a_request_is_followed_by_its_id_from_the_caller_to_the_provider_and_the
     }
     assert_eq!(lines.len(), 1, "the request's lines: {lines:?}");
     assert_eq!(lines[0]["msg"], "send accepted", "{lines:?}");
-    assert_eq!((lines[0]["status"].as_u64(), lines[0]["hdr_x_correlation_id"].as_str()), (Some(200), Some("ticket-4711")));
+    assert_eq!(
+        (lines[0]["status"].as_u64(), lines[0]["hdr_x_correlation_id"].as_str()),
+        (Some(200), Some("ticket-4711"))
+    );
     assert!(lines[0]["latency_us"].as_u64().is_some() && lines[0]["uri"] == "/api/send-message", "{lines:?}");
     // The customer finds the row in the dashboard by either id.
     use gateway_sdk_tests::dashboard::signed_in;
