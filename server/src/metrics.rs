@@ -34,10 +34,14 @@ pub struct Metrics {
     pub tls_reloads: IntCounter,
     pub tls_reload_failures: IntCounter,
     pub log_records_dropped: IntCounter,
+    send_stages: HistogramVec,
     outbox_pending: IntGauge,
     outbox_oldest_age: Gauge,
     instances: IntGaugeVec,
     webhook_endpoints: IntGaugeVec,
+    write_batches: IntCounter,
+    writes: IntCounter,
+    write_seconds: prometheus::Counter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -61,6 +65,9 @@ fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], bucke
 
 /// Request and provider times: 1 ms to 30 s.
 const SECONDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+/// A send's stages: 10 µs to 1 s.
+const STAGE_SECONDS: &[f64] =
+    &[0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0];
 /// Policy evaluations: 10 µs to 100 ms.
 const POLICY_SECONDS: &[f64] = &[0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.1];
 
@@ -98,7 +105,20 @@ impl Metrics {
         )
         .expect("a valid gauge");
         registry.register(Box::new(webhook_endpoints.clone())).expect("registered once");
+        let write_seconds = prometheus::Counter::new(
+            "gateway_store_write_seconds_total",
+            "Time the store's writer spent running batches (a batch is one transaction and one commit).",
+        )
+        .expect("a valid counter");
+        registry.register(Box::new(write_seconds.clone())).expect("registered once");
         Metrics {
+            write_batches: plain_counter(
+                &registry,
+                "gateway_store_write_batches_total",
+                "Transactions the store's writer committed (group commit: every write queued at the time).",
+            ),
+            writes: plain_counter(&registry, "gateway_store_writes_total", "Writes the store's writer ran, in all its batches."),
+            write_seconds,
             http_requests: counter(
                 &registry,
                 "gateway_http_requests_total",
@@ -165,6 +185,13 @@ impl Metrics {
                 "gateway_log_records_dropped_total",
                 "Log records dropped because the log's queue was full (the writer fell behind); a request never waits on the log.",
             ),
+            send_stages: histogram(
+                &registry,
+                "gateway_send_stage_seconds",
+                "Time a send spent in each stage of its pipeline (see Stage).",
+                &["stage"],
+                STAGE_SECONDS,
+            ),
             pbx_events: counter(
                 &registry,
                 "gateway_pbx_events_total",
@@ -198,6 +225,7 @@ impl Metrics {
         }
         self.http_requests.with_label_values(&[UNMATCHED, "404"]);
         self.http_duration.with_label_values(&[UNMATCHED]);
+        LazyLock::force(&STAGES);
         self.sends.with_label_values(&["allowed", ""]);
         for (decision, code) in known.send_codes {
             self.sends.with_label_values(&[decision, code]);
@@ -248,6 +276,11 @@ impl Metrics {
         for (state, count) in store.webhook_endpoint_states().await? {
             self.webhook_endpoints.with_label_values(&[state.as_str()]).set(count);
         }
+        let (batches, writes, busy_us) = crate::store::write_stats();
+        self.write_batches.inc_by(batches.saturating_sub(self.write_batches.get()));
+        self.writes.inc_by(writes.saturating_sub(self.writes.get()));
+        let seconds = busy_us as f64 / 1e6;
+        self.write_seconds.inc_by((seconds - self.write_seconds.get()).max(0.0));
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
@@ -275,6 +308,66 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 /// The process's metrics.
 pub fn get() -> &'static Metrics {
     &METRICS
+}
+
+/// A stage of the send pipeline, timed into `gateway_send_stage_seconds`: where a
+/// send's time goes, read off a running gateway (mean = `_sum / _count`).
+#[derive(Clone, Copy, Debug)]
+pub enum Stage {
+    /// The handler from its start to the pipeline: the API key (and idempotency key)
+    /// looked up, the body read and parsed.
+    Auth,
+    /// The request checked against the schema, the phone number parsed.
+    Schema,
+    /// The per-send read (customer, instance, key, suppression, counters, contact).
+    Read,
+    /// The policy modules (both stages, and again when the counters moved).
+    Policies,
+    /// The attempt's write: counters and the pending row.
+    Begin,
+    /// The provider call.
+    Provider,
+    /// The outcome's write (log row, event, contact, key's answer).
+    Settle,
+    /// The whole handler, from the start to the answer.
+    Handler,
+}
+
+impl Stage {
+    const ALL: [Stage; 8] = [
+        Stage::Auth,
+        Stage::Schema,
+        Stage::Read,
+        Stage::Policies,
+        Stage::Begin,
+        Stage::Provider,
+        Stage::Settle,
+        Stage::Handler,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Stage::Auth => "auth",
+            Stage::Schema => "schema",
+            Stage::Read => "read",
+            Stage::Policies => "policies",
+            Stage::Begin => "begin",
+            Stage::Provider => "provider",
+            Stage::Settle => "settle",
+            Stage::Handler => "handler",
+        }
+    }
+}
+
+static STAGES: LazyLock<Vec<prometheus::Histogram>> =
+    LazyLock::new(|| Stage::ALL.iter().map(|s| get().send_stages.with_label_values(&[s.name()])).collect());
+
+/// Records the time since `started` as `stage`'s, and returns now (the next stage's
+/// start).
+pub fn stage(stage: Stage, started: std::time::Instant) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    STAGES[stage as usize].observe(now.duration_since(started).as_secs_f64());
+    now
 }
 
 /// A send attempt's outcome.

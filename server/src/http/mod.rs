@@ -182,7 +182,9 @@ async fn send_message(
             }
         }
     }
+    crate::metrics::stage(crate::metrics::Stage::Auth, started);
     let result = state.sender.send(&input).await;
+    crate::metrics::stage(crate::metrics::Stage::Handler, started);
     let answer = match &result {
         Ok(sent) => {
             info!(log, "send accepted"; "log_id" => sent.log_id, "message_id" => &sent.message_id,

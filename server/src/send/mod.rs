@@ -26,7 +26,8 @@ pub mod settle;
 
 use crate::config::Config;
 use crate::media::{self, Media};
-use crate::policy::{Decision, PolicyEngine, Stage, TraceEntry};
+use crate::metrics::{self, Stage};
+use crate::policy::{Decision, PolicyEngine, Stage as PolicyStage, TraceEntry};
 use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance};
 use crate::store::{
     Answer, Began, Begin, Customer, Finish, IdemOwner, Instance, KeyFate, LimitHit, LogEntry, OutboxEvent,
@@ -352,7 +353,9 @@ impl Sender {
                     answer: render(&result),
                     ..self.finish(&attempt, log_id, now)
                 };
+                let t = std::time::Instant::now();
                 self.settle(&mut attempt, finish).await?;
+                metrics::stage(Stage::Settle, t);
                 if let Some(instance) = attempt.instance.as_ref().filter(|i| i.provider == "simulator") {
                     let recipient = attempt.checked.as_ref().map(|c| c.phone.e164.clone()).unwrap_or_default();
                     self.simulate_statuses(instance, &receipt.message_id, &recipient);
@@ -542,8 +545,10 @@ impl Sender {
     }
 
     async fn run(&self, a: &mut Attempt<'_>) -> Result<crate::provider::ProviderReceipt, SendError> {
+        let t = std::time::Instant::now();
         let checked = self.check_schema(&a.input.body).await?;
         let checked = a.checked.insert(checked);
+        let t = metrics::stage(Stage::Schema, t);
         let now = now_ms();
         let input = a.input;
         let SendContext { customer, instance, suppressed, counters, to_recipient_hour, key_revoked } = self
@@ -556,6 +561,7 @@ impl Sender {
                 now,
             )
             .await?;
+        let t = metrics::stage(Stage::Read, t);
         if key_revoked {
             return Err(SendError::KeyRevoked);
         }
@@ -598,12 +604,14 @@ impl Sender {
         if suppressed {
             return Err(SendError::Suppressed);
         }
-        ctx.stage = Stage::Content;
+        ctx.stage = PolicyStage::Content;
         let content = self.policy.evaluate(&ctx).await;
         a.trace.extend(content.trace);
         if content.decision != Decision::Allow {
             return Err(self.refusal(a, content.decision));
         }
+        let mut policies = t.elapsed();
+        let t = std::time::Instant::now();
         let message = OutboundMessage {
             to: checked.phone.e164.clone(),
             text: checked.text.clone(),
@@ -652,6 +660,7 @@ impl Sender {
             }
         };
         a.reservations = reservations;
+        let t = metrics::stage(Stage::Begin, t);
         // The policies decided on a snapshot; the write placed this send among all the
         // sends that took the same counters (on any replica). If other sends came in
         // between, the decision is checked again against what this send really follows,
@@ -659,7 +668,7 @@ impl Sender {
         let exact = exact_counters(&ctx.counters, to_recipient_hour, &a.reservations, &counts);
         if exact != seen {
             ctx.counters = exact;
-            for stage in [Stage::Purpose, Stage::Content] {
+            for stage in [PolicyStage::Purpose, PolicyStage::Content] {
                 ctx.stage = stage;
                 let outcome = self.policy.evaluate(&ctx).await;
                 a.trace.extend(outcome.trace);
@@ -667,7 +676,9 @@ impl Sender {
                     return Err(raced(stage, outcome.decision));
                 }
             }
+            policies += t.elapsed();
         }
+        metrics::stage(Stage::Policies, std::time::Instant::now() - policies);
         let started = std::time::Instant::now();
         let result = match tokio::time::timeout(timeout, self.provider.send(&sending, &message)).await {
             Ok(Ok(receipt)) => Ok(receipt),
@@ -683,6 +694,7 @@ impl Sender {
             .provider_request
             .with_label_values(&[sending.provider.as_str(), outcome])
             .observe(started.elapsed().as_secs_f64());
+        metrics::stage(Stage::Provider, started);
         result
     }
 
@@ -878,7 +890,7 @@ fn policy_context(
         None => (checked.text.clone(), None),
     };
     model::Context {
-        stage: Stage::Purpose,
+        stage: PolicyStage::Purpose,
         purpose: checked.purpose.clone(),
         text,
         caption,
@@ -938,9 +950,9 @@ fn exact_counters(seen: &model::Counters, seen_hour: u32, rs: &[Reservation], co
 /// A policy decision that did not hold once the send's place was known: the refusal
 /// its stage gives, except that a review becomes a block (the message was not queued
 /// for review, its row being the attempt's).
-fn raced(stage: Stage, decision: Decision) -> SendError {
+fn raced(stage: PolicyStage, decision: Decision) -> SendError {
     match decision {
-        Decision::Deny { policy, code, reason, risk_score, fault: false } if stage == Stage::Purpose => {
+        Decision::Deny { policy, code, reason, risk_score, fault: false } if stage == PolicyStage::Purpose => {
             SendError::PurposeNotAllowed { policy, rule: code, reason, risk_score }
         }
         Decision::Review { policy, reason, risk_score } => {
