@@ -139,9 +139,6 @@ pub struct Store {
 /// few microseconds that a WAL reader never waits for, so it runs inline on the calling
 /// task: sqlx's SQLite driver would hand each query to a worker thread and back, which
 /// costs more than the query.
-/// Prepared statements a SQLite connection keeps (more than the gateway has).
-const STATEMENT_CACHE: usize = 256;
-
 struct SqliteReaders {
     path: PathBuf,
     idle: Mutex<Vec<rusqlite::Connection>>,
@@ -158,7 +155,6 @@ impl SqliteReaders {
                 let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
                 let conn = rusqlite::Connection::open_with_flags(&self.path, flags)?;
                 conn.busy_timeout(Duration::from_secs(10))?;
-                conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
                 conn
             }
         };

@@ -223,10 +223,6 @@ pub(super) fn spawn_sqlite(
 ) -> Result<mpsc::Sender<Queued>, StoreError> {
     let mut conn = rusqlite::Connection::open(&path)?;
     conn.execute_batch(&options.sqlite_pragmas())?;
-    // Every statement the writer runs stays prepared (rusqlite keeps 16 by default: a
-    // send's writes, the dispatcher's and the lease's take more, and each statement
-    // pushed out was compiled again on its next use).
-    conn.set_prepared_statement_cache_capacity(super::STATEMENT_CACHE);
     let (tx, mut rx) = mpsc::channel::<Queued>(4 * MAX_BATCH);
     std::thread::Builder::new()
         .name("sqlite-writer".into())
