@@ -117,7 +117,11 @@ impl Metrics {
                 "gateway_store_write_batches_total",
                 "Transactions the store's writer committed (group commit: every write queued at the time).",
             ),
-            writes: plain_counter(&registry, "gateway_store_writes_total", "Writes the store's writer ran, in all its batches."),
+            writes: plain_counter(
+                &registry,
+                "gateway_store_writes_total",
+                "Writes the store's writer ran, in all its batches.",
+            ),
             write_seconds,
             http_requests: counter(
                 &registry,
