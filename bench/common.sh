@@ -15,3 +15,15 @@ pg_fresh() {
   echo "${PG_ADMIN%/*}/gw_bench"
 }
 pg_drop() { psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" >/dev/null 2>&1; }
+
+# A demo tenant made by gateway binary $1 on database $2, its limits lifted so that quota
+# and velocity never refuse; sets key (its API key) and cus (its customer id), which the
+# caller declares local.
+demo_tenant() {
+  local out
+  out=$("$1" --database-url "$2" demo)
+  key=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
+  cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
+  "$1" --database-url "$2" customer limits --customer "$cus" --daily 1000000000 --monthly 1000000000 \
+    --instance-per-minute 1000000000 --recipient-per-minute 1000000000 >/dev/null
+}

@@ -33,12 +33,8 @@ kill %1; wait %1 2>/dev/null || true
 
 run() { # name binary database_url port
   local name=$1 bin=$2 db=$3 port=$4
-  local out; out=$("$bin" --database-url "$db" demo)
   local key cus
-  key=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
-  cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
-  "$bin" --database-url "$db" customer limits --customer "$cus" --daily 1000000000 --monthly 1000000000 \
-    --instance-per-minute 1000000000 --recipient-per-minute 1000000000 >/dev/null
+  demo_tenant "$bin" "$db"
   GATEWAY_POLICIES__BUNDLED=false GATEWAY_POLICIES_DIR="$work/policies" GATEWAY_POLICIES__CACHE_DIR="$work/cache" \
     GATEWAY_SIMULATOR_STATUS_DELAY_MS=0 GATEWAY_LOG_FILE="$work/$name.log" "$bin" --database-url "$db" serve --listen 127.0.0.1:$port &
   wait_port $port

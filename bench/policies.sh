@@ -28,12 +28,8 @@ printf "\nboth stages of a send through the engine (purpose, then content and pa
 . bench/common.sh
 run() { # name GATEWAY_POLICIES__BUNDLED GATEWAY_POLICIES_DIR
   local name=$1 bundled=$2 dir=$3 db="sqlite://$work/$1.db?mode=rwc" port=18090
-  local out key cus
-  out=$("$BIN/gateway" --database-url "$db" demo)
-  key=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
-  cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
-  "$BIN/gateway" --database-url "$db" customer limits --customer "$cus" --daily 1000000000 --monthly 1000000000 \
-    --instance-per-minute 1000000000 --recipient-per-minute 1000000000 >/dev/null
+  local key cus
+  demo_tenant "$BIN/gateway" "$db"
   GATEWAY_POLICIES__BUNDLED=$bundled GATEWAY_POLICIES_DIR=$dir GATEWAY_POLICIES__CACHE_DIR="$work/cache" \
     GATEWAY_SIMULATOR_STATUS_DELAY_MS=0 GATEWAY_LOG_FILE="$work/$name.log" \
     "$BIN/gateway" --database-url "$db" serve --listen 127.0.0.1:$port &

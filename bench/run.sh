@@ -30,12 +30,8 @@ kill %1; wait %1 2>/dev/null || true
 
 run_gateway() { # name database_url port
   local name=$1 db=$2 port=$3
-  local out; out=$("$BIN/gateway" --database-url "$db" demo)
   local key cus
-  key=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
-  cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
-  "$BIN/gateway" --database-url "$db" customer limits --customer "$cus" --daily 1000000000 --monthly 1000000000 \
-    --instance-per-minute 1000000000 --recipient-per-minute 1000000000 >/dev/null
+  demo_tenant "$BIN/gateway" "$db"
   # The simulator's delivered/read reports are off: this measures the send path. The
   # purpose and content policy modules decide every send; the pacing module is left
   # out, because a flood to one recipient is exactly what it refuses (its cost is in

@@ -15,12 +15,8 @@ mkdir -p "$work/policies" && cp policies/dist/purpose.wasm policies/dist/content
 
 stages() { # name database_url port
   local name=$1 db=$2 port=$3 mport=$(($3 + 100))
-  local out key cus
-  out=$("$GW" --database-url "$db" demo)
-  key=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
-  cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
-  "$GW" --database-url "$db" customer limits --customer "$cus" --daily 1000000000 --monthly 1000000000 \
-    --instance-per-minute 1000000000 --recipient-per-minute 1000000000 >/dev/null
+  local key cus
+  demo_tenant "$GW" "$db"
   GATEWAY_POLICIES__BUNDLED=false GATEWAY_POLICIES_DIR="$work/policies" GATEWAY_POLICIES__CACHE_DIR="$work/cache" \
     GATEWAY_SIMULATOR_STATUS_DELAY_MS=0 env ${EXTRA_ENV:-} GATEWAY_LOG_FILE="$work/$name.log" GATEWAY_METRICS_LISTEN=127.0.0.1:$mport \
     "$GW" --database-url "$db" serve --listen 127.0.0.1:$port 2>/dev/null &
