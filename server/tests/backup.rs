@@ -5,12 +5,11 @@ mod common;
 
 use common::{free_port, gateway, run_json};
 use serde_json::json;
-use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-async fn serve(url: &str, port: u16) -> Child {
+async fn serve(url: &str, port: u16) -> common::Served {
     let env = [
         ("GATEWAY_WEBHOOKS__DISPATCH", "false"),
         ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0"),

@@ -5,10 +5,9 @@ mod common;
 
 use common::{free_port, gateway, run_json};
 use gateway_sdk_tests::receiver::Receiver;
-use std::process::Child;
 use std::time::Duration;
 
-async fn serve(url: &str, port: u16, log: &std::path::Path, dispatch: &str) -> Child {
+async fn serve(url: &str, port: u16, log: &std::path::Path, dispatch: &str) -> common::Served {
     let log = log.display().to_string();
     let env = [
         ("GATEWAY_ALLOW_LOOPBACK_TARGETS", "1"),

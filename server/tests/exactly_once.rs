@@ -9,7 +9,7 @@ use common::{Db, free_port, run_json};
 use gateway_server::store::{LogEntry, Store};
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 /// The binary, without the bundled policies: these tests are about exactly once, not
@@ -46,13 +46,13 @@ fn tenant(url: &str) -> (String, String) {
     (demo["api_key"].as_str().unwrap().to_string(), customer)
 }
 
-async fn serve(url: &str, port: u16, env: &[(&str, &str)]) -> Child {
+async fn serve(url: &str, port: u16, env: &[(&str, &str)]) -> common::Served {
     let mut all = vec![("GATEWAY_WEBHOOKS__DISPATCH", "false"), ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0")];
     all.extend_from_slice(env);
     common::serve(gateway(url, &[], &all), port).await
 }
 
-fn kill(mut child: Child) {
+fn kill(mut child: common::Served) {
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 }

@@ -9,7 +9,7 @@ use common::{Db, free_port, run_json};
 use gateway_server::store::{LogEntry, ORPHAN_REASON, Store};
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The simulator never answers for this number (a provider that hangs).
@@ -39,14 +39,14 @@ fn tenant(url: &str) -> (String, String, String, String) {
     (demo["api_key"].as_str().unwrap().to_string(), customer, integration, secret)
 }
 
-async fn serve(url: &str, env: &[(&str, &str)]) -> (Child, u16) {
+async fn serve(url: &str, env: &[(&str, &str)]) -> (common::Served, u16) {
     let port = free_port();
     let mut all = vec![("GATEWAY_WEBHOOKS__DISPATCH", "false"), ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0")];
     all.extend_from_slice(env);
     (common::serve(gateway(url, &[], &all), port).await, port)
 }
 
-fn kill(mut child: Child) {
+fn kill(mut child: common::Served) {
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
 }

@@ -254,9 +254,7 @@ async fn a_replica_killed_behind_haproxy_loses_nothing_and_sends_nothing_twice()
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     store.close().await;
-    for mut child in [haproxy, a] {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    drop(a);
+    common::Stop::stop(haproxy);
     db.drop_it().await;
 }

@@ -8,12 +8,11 @@ mod common;
 use common::{Db, free_port, gateway, run_json};
 use gateway_sdk_tests::tls::{replace, self_signed};
 use serde_json::{Value, json};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn kill(mut child: Child) {
-    let _ = child.kill();
-    let _ = child.wait();
+fn kill(child: impl common::Stop) {
+    child.stop();
 }
 
 /// A Debian tool the project's scripts install (scripts/test).

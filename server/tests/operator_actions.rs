@@ -8,7 +8,7 @@ mod common;
 
 use common::{Db, free_port, run_json};
 use serde_json::{Value, json};
-use std::process::{Child, Command};
+use std::process::Command;
 
 fn gateway(url: &str, args: &[&str]) -> Command {
     let mut command = common::gateway(url, args, &[]);
@@ -16,7 +16,7 @@ fn gateway(url: &str, args: &[&str]) -> Command {
     command
 }
 
-async fn serve(url: &str) -> (Child, u16) {
+async fn serve(url: &str) -> (common::Served, u16) {
     let port = free_port();
     let env = [("GATEWAY_WEBHOOKS__DISPATCH", "false"), ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0")];
     let mut command = common::gateway(url, &[], &env);

@@ -8,10 +8,9 @@ mod common;
 
 use common::{Db, free_port, gateway, run_json};
 use serde_json::{Value, json};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-async fn serve(url: &str, port: u16) -> Child {
+async fn serve(url: &str, port: u16) -> common::Served {
     let env = [
         ("GATEWAY_WEBHOOKS__DISPATCH", "false"),
         ("GATEWAY_SIMULATOR_STATUS_DELAY_MS", "0"),

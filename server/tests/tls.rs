@@ -15,9 +15,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn kill(mut child: Child) {
-    let _ = child.kill();
-    let _ = child.wait();
+fn kill(child: impl common::Stop) {
+    child.stop();
 }
 
 fn der(cert: &TestCert) -> Vec<u8> {

@@ -27,15 +27,59 @@ pub fn run_json(mut command: Command) -> Value {
     serde_json::from_slice(&out.stdout).expect("JSON on stdout")
 }
 
+/// A gateway process a test started: killed when dropped, so a test that fails (a
+/// panic before its own kill) leaves no server running behind it.
+pub struct Served(pub Child);
+
+impl std::ops::Deref for Served {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Served {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// A process a test stops (kill, then reap).
+pub trait Stop {
+    fn stop(self);
+}
+
+impl Stop for Child {
+    fn stop(mut self) {
+        let _ = self.kill();
+        let _ = self.wait();
+    }
+}
+
+impl Stop for Served {
+    fn stop(self) {
+        drop(self);
+    }
+}
+
 /// `gateway serve` on 127.0.0.1:`port` with `env` (stdout and stderr discarded: give
 /// `GATEWAY_LOG_FILE` to keep the log), once it accepts connections.
-pub async fn serve(command: Command, port: u16) -> Child {
+pub async fn serve(command: Command, port: u16) -> Served {
     let mut command = command;
     command.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}"));
     let mut child = command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("the gateway starts");
     for _ in 0..400 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return child;
+            return Served(child);
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
