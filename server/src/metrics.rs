@@ -42,6 +42,7 @@ pub struct Metrics {
     write_batches: IntCounter,
     writes: IntCounter,
     write_seconds: prometheus::Counter,
+    write_sync: std::sync::Mutex<()>,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -123,6 +124,7 @@ impl Metrics {
                 "Writes the store's writer ran, in all its batches.",
             ),
             write_seconds,
+            write_sync: std::sync::Mutex::new(()),
             http_requests: counter(
                 &registry,
                 "gateway_http_requests_total",
@@ -280,11 +282,15 @@ impl Metrics {
         for (state, count) in store.webhook_endpoint_states().await? {
             self.webhook_endpoints.with_label_values(&[state.as_str()]).set(count);
         }
-        let (batches, writes, busy_us) = crate::store::write_stats();
-        self.write_batches.inc_by(batches.saturating_sub(self.write_batches.get()));
-        self.writes.inc_by(writes.saturating_sub(self.writes.get()));
-        let seconds = busy_us as f64 / 1e6;
-        self.write_seconds.inc_by((seconds - self.write_seconds.get()).max(0.0));
+        {
+            // The writer keeps its own totals (the store does not know the metrics);
+            // each scrape adds what is new, one scrape at a time.
+            let _one = self.write_sync.lock().unwrap_or_else(|e| e.into_inner());
+            let (batches, writes, busy_us) = crate::store::write_stats();
+            self.write_batches.inc_by(batches.saturating_sub(self.write_batches.get()));
+            self.writes.inc_by(writes.saturating_sub(self.writes.get()));
+            self.write_seconds.inc_by((busy_us as f64 / 1e6 - self.write_seconds.get()).max(0.0));
+        }
         let mut out = Vec::new();
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)
@@ -370,8 +376,13 @@ static STAGES: LazyLock<Vec<prometheus::Histogram>> =
 /// start).
 pub fn stage(stage: Stage, started: std::time::Instant) -> std::time::Instant {
     let now = std::time::Instant::now();
-    STAGES[stage as usize].observe(now.duration_since(started).as_secs_f64());
+    stage_took(stage, now.duration_since(started));
     now
+}
+
+/// Records `took` as `stage`'s time (a stage in several parts).
+pub fn stage_took(stage: Stage, took: std::time::Duration) {
+    STAGES[stage as usize].observe(took.as_secs_f64());
 }
 
 /// A send attempt's outcome.
@@ -429,12 +440,9 @@ impl Routes {
     /// ones skipped, as the router does. At most one template matches: the router
     /// refuses a literal and a variable at the same place.
     pub fn label(&self, uri: &str) -> &str {
-        let path = match uri.parse::<http::Uri>() {
-            Ok(uri) => uri.path().to_string(),
-            Err(_) => return UNMATCHED,
-        };
+        let Ok(uri) = uri.parse::<http::Uri>() else { return UNMATCHED };
         let segments: Vec<std::borrow::Cow<'_, str>> =
-            split(&path).map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy()).collect();
+            split(uri.path()).map(|s| percent_encoding::percent_decode_str(s).decode_utf8_lossy()).collect();
         self.routes
             .iter()
             .find(|route| matches(&route.segments, &segments))

@@ -678,7 +678,7 @@ impl Sender {
             }
             policies += t.elapsed();
         }
-        metrics::stage(Stage::Policies, std::time::Instant::now() - policies);
+        metrics::stage_took(Stage::Policies, policies);
         let started = std::time::Instant::now();
         let result = match tokio::time::timeout(timeout, self.provider.send(&sending, &message)).await {
             Ok(Ok(receipt)) => Ok(receipt),
@@ -1011,8 +1011,7 @@ mod tests {
 
     #[test]
     fn every_outcome_is_declared_for_the_metrics() {
-        let limit = || (1, 1, 0, 1);
-        let (l, u, r, a) = limit();
+        let (l, u, r, a) = (1, 1, 0, 1);
         let errors = [
             validation("phone", "bad"),
             SendError::MissingPhone,
