@@ -1,6 +1,9 @@
 //! Recipient numbers, normalised to E.164 with libphonenumber's rules (the
 //! `phonenumber` crate, a Rust port of its metadata).
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+
 /// A valid recipient number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Phone {
@@ -24,12 +27,30 @@ pub fn normalize(raw: &str) -> Option<Phone> {
     if international.len() > 20 || !international[1..].bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
+    if let Some(phone) = PARSED.lock().ok().and_then(|seen| seen.get(&international).cloned()) {
+        return Some(phone);
+    }
     let number = phonenumber::parse(None, &international).ok()?;
     if !phonenumber::is_valid(&number) {
         return None;
     }
-    Some(Phone { e164: number.format().mode(phonenumber::Mode::E164).to_string(), country_code: number.code().value() })
+    let phone =
+        Phone { e164: number.format().mode(phonenumber::Mode::E164).to_string(), country_code: number.code().value() };
+    if let Ok(mut seen) = PARSED.lock() {
+        if seen.len() >= PARSED_MAX {
+            seen.clear();
+        }
+        seen.insert(international, phone.clone());
+    }
+    Some(phone)
 }
+
+/// Valid numbers parsed lately, by their international form. libphonenumber's rules are
+/// dozens of regular expressions per number (8 % of the workers' CPU under load,
+/// BENCHMARKS.md), and a gateway sends to the same numbers again and again (codes to
+/// returning users, support conversations). Bounded: emptied when full.
+static PARSED: LazyLock<Mutex<HashMap<String, Phone>>> = LazyLock::new(Mutex::default);
+const PARSED_MAX: usize = 16_384;
 
 #[cfg(test)]
 mod tests {
@@ -51,6 +72,14 @@ mod tests {
         for raw in ["", "+", "hello", "+1415", "+999123456789", "+1415555012a", "+1 415 555 0123 4567 8901"] {
             assert!(normalize(raw).is_none(), "{raw}");
         }
+    }
+
+    #[test]
+    fn a_number_parsed_again_is_the_same() {
+        for raw in ["+44 20 7946 0958", "+442079460958", "00442079460958"] {
+            assert_eq!(normalize(raw), normalize("+442079460958"), "{raw}");
+        }
+        assert!(normalize("+1415").is_none() && normalize("+1415").is_none());
     }
 
     #[test]
