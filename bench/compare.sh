@@ -6,9 +6,10 @@
 #   git worktree add /tmp/base <commit>
 #   (cd /tmp/base && CARGO_TARGET_DIR=$PWD/../main/target cargo build --release -p gateway-server --bin gateway)
 #   cp target/release/gateway /tmp/gateway-base
-#   BASE_BIN=/tmp/gateway-base ROUNDS=2 DURATION=8 bench/compare.sh   # needs wrk and hey (Debian)
+#   BASE_BIN=/tmp/gateway-base ROUNDS=2 DURATION=8 bench/compare.sh   # needs wrk (Debian)
 #
-# Throughput: wrk -t1 -c32 (closed loop). Latency: hey -c 32 -q 31.25 (1,000 req/s offered).
+# Throughput: wrk -t1 -c32 (closed loop). Latency: the open-loop generator of
+# server/examples/openloop.rs at 1,000 req/s offered, evenly spaced.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8}
@@ -21,8 +22,7 @@ measure() { # name url key
   local name=$1 url=$2 key=$3
   local rps p99
   rps=$(API_KEY=$key wrk -t1 -c32 -d${DURATION}s -s bench/send.lua "$url" | awk '/Requests\/sec/ {print $2}')
-  p99=$(hey -z ${DURATION}s -q 31.25 -c 32 -m POST -T application/json \
-    ${key:+-H "Authorization: Bearer $key"} -d "$BODY" "$url" | awk '/  99% in/ {printf "%.1f ms", $3 * 1000}')
+  p99=$(API_KEY=$key "$BIN/examples/openloop" "$url" 1000 "$DURATION" "$BODY" | awk '{for (i = 1; i < NF; i++) if ($i == "p99") print $(i + 1), "ms"}')
   printf '%-28s %10s req/s   p99 at 1000 req/s: %s\n' "$name" "$rps" "$p99"
 }
 

@@ -1,0 +1,69 @@
+//! Open-loop load for the benchmarks (bench/run.sh, bench/compare.sh): one POST every
+//! 1/RATE seconds for SECONDS, each sent at its time whether or not the earlier ones have
+//! been answered, so a slow answer never lowers the offered rate; each latency counts
+//! from the moment the request was due, so a stall of the load generator itself is
+//! charged to the answer rather than hidden (no coordinated omission). Closed-loop
+//! tools (wrk, and hey's rate limit, whose workers also fire together) measure
+//! something else: how long a burst of requests takes to drain.
+//!
+//!   cargo run --release --example openloop -- URL RATE SECONDS BODY   # env API_KEY
+//!
+//! Prints one line: the offered and answered rate, the answers that were not 2xx, and
+//! the 50th, 90th, 99th and 99.9th percentiles and the maximum, in milliseconds.
+
+use std::time::{Duration, Instant};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, url, rate, seconds, body] = &args[..] else {
+        eprintln!("usage: openloop URL RATE SECONDS BODY (the API key in API_KEY)");
+        std::process::exit(2);
+    };
+    let rate: f64 = rate.parse().expect("RATE is requests per second");
+    let seconds: f64 = seconds.parse().expect("SECONDS");
+    let total = (rate * seconds).round() as usize;
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let client = reqwest::Client::builder().pool_max_idle_per_host(1024).build().expect("client");
+    let key = std::env::var("API_KEY").ok().filter(|k| !k.is_empty());
+    let start = Instant::now() + Duration::from_millis(50);
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let due = start + period.mul_f64(i as f64);
+        tokio::time::sleep_until(due.into()).await;
+        let mut request = client.post(url).header("content-type", "application/json").body(body.clone());
+        if let Some(key) = &key {
+            request = request.bearer_auth(key);
+        }
+        tasks.push(tokio::spawn(async move {
+            let ok = match request.send().await {
+                Ok(response) => {
+                    let ok = response.status().is_success();
+                    let _ = response.bytes().await;
+                    ok
+                }
+                Err(_) => false,
+            };
+            (due.elapsed(), ok)
+        }));
+    }
+    let mut latencies = Vec::with_capacity(total);
+    let mut failed = 0;
+    for task in tasks {
+        let (latency, ok) = task.await.expect("request task");
+        latencies.push(latency);
+        failed += usize::from(!ok);
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)].as_secs_f64() * 1e3;
+    println!(
+        "offered {rate:.0}/s answered {:.0}/s non-2xx {failed} p50 {:.1} ms p90 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms",
+        total as f64 / elapsed,
+        at(0.50),
+        at(0.90),
+        at(0.99),
+        at(0.999),
+        at(1.0)
+    );
+}
