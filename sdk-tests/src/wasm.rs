@@ -145,6 +145,7 @@ pub fn with_fixtures(
         version: version.into(),
         stages: stages.into(),
         interface: interface.into(),
+        reads_counters: true,
         fixtures: serde_json::from_str(fixtures).expect("fixtures JSON"),
     };
     with_metadata(component, &metadata).expect("metadata attaches")

@@ -154,6 +154,39 @@ fn series(text: &str) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
+/// 60 concurrent sends to one number with the bundled modules: every send is decided by
+/// purpose and content once, and only pacing, the one module that reads the counters
+/// (purpose and content are built with `reads_counters = false`), is asked again once
+/// each send's place among the others is known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn only_a_module_that_reads_the_counters_is_asked_again() {
+    let db = Db::new("recheck").await;
+    let demo = run_json(gateway(&db.url, &["demo"], &[]));
+    let key = demo["api_key"].as_str().unwrap().to_string();
+    let customer = demo["customer_id"].as_str().unwrap().to_string();
+    let lift = ["customer", "limits", "--customer", &customer, "--instance-per-minute", "1000000"];
+    let lifted = gateway(&db.url, &[&lift[..], &["--recipient-per-minute", "1000000"]].concat(), &[]).output().unwrap();
+    assert!(lifted.status.success(), "{}", String::from_utf8_lossy(&lifted.stderr));
+    let (port, metrics_port) = (free_port(), free_port());
+    let metrics_listen = format!("127.0.0.1:{metrics_port}");
+    let env = [("GATEWAY_METRICS_LISTEN", metrics_listen.as_str()), ("GATEWAY_WEBHOOKS__DISPATCH", "false")];
+    let server = common::serve(gateway(&db.url, &[], &env), port).await;
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let answers = futures::future::join_all((0..60).map(|_| send(&http, &base, &key, "+14155550177"))).await;
+    assert!(answers.iter().all(|s| *s == 200 || *s == 403), "{answers:?}");
+    assert!(answers.contains(&200) && answers.contains(&403), "pacing's caps hold: {answers:?}");
+    let text = http.get(format!("http://{metrics_listen}/metrics")).send().await.unwrap().text().await.unwrap();
+    let count = |module: &str| -> u64 {
+        let series = format!("gateway_policy_evaluation_seconds_count{{module=\"{module}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("{series}: {text}"));
+        line[series.len()..].trim().parse().unwrap()
+    };
+    assert_eq!((count("purpose"), count("content")), (60, 60), "asked once per send");
+    assert!(count("pacing") > 60, "pacing asked again for sends that raced: {}", count("pacing"));
+    kill(server);
+}
+
 #[tokio::test]
 async fn every_family_is_there_from_the_start_and_made_up_paths_add_no_series() {
     let db = Db::new("metrics_bounded").await;

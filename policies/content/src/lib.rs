@@ -88,7 +88,7 @@ impl Policy for ContentPolicy {
     }
 }
 
-export_policy!(ContentPolicy, name = "content", stages = "content");
+export_policy!(ContentPolicy, name = "content", stages = "content", reads_counters = false);
 
 /// What was found in a message.
 #[derive(Debug, Default, PartialEq, Eq)]

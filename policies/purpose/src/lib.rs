@@ -29,7 +29,7 @@ impl Policy for PurposePolicy {
     }
 }
 
-export_policy!(PurposePolicy, name = "purpose", stages = "purpose");
+export_policy!(PurposePolicy, name = "purpose", stages = "purpose", reads_counters = false);
 
 /// The decision for one send (plain function, tested natively).
 pub fn decide(ctx: &MessageContext) -> Decision {

@@ -123,12 +123,12 @@ impl PolicyHost {
     /// Evaluates every module of the live set asked at `ctx.stage`, on this thread.
     pub fn evaluate_blocking(&self, ctx: &Context, set: &PolicySet) -> StageOutcome {
         let stage = ctx.stage;
-        let mut converted: Vec<(&'static str, Converted)> = Vec::new();
+        let mut converted: Vec<((&'static str, bool), Converted)> = Vec::new();
         let mut trace = Vec::new();
         let mut deny = None;
         let mut review = None;
         for module in set.modules.iter().filter(|m| m.at_stage(stage)) {
-            let version = module.interface();
+            let version = (module.interface(), module.reads_counters());
             let index = match converted.iter().position(|(v, _)| *v == version) {
                 Some(i) => i,
                 None => {
@@ -211,44 +211,57 @@ fn fault_reason(module: &LoadedModule, fault: &Fault) -> String {
 #[async_trait::async_trait]
 impl PolicyEngine for Arc<PolicyHost> {
     async fn evaluate(&self, ctx: &Context) -> StageOutcome {
+        evaluate_set(self, ctx, self.current()).await
+    }
+
+    async fn recheck(&self, ctx: &Context) -> StageOutcome {
         let set = self.current();
-        if !set.modules.iter().any(|m| m.at_stage(ctx.stage)) {
+        if !set.modules.iter().any(|m| m.at_stage(ctx.stage) && m.reads_counters()) {
             return StageOutcome::allow();
         }
-        // The semaphore is never closed.
-        let _permit = self.permits.acquire().await.ok();
-        let slow = set.modules.iter().any(|m| m.at_stage(ctx.stage) && m.is_slow());
-        let multi_thread = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let outcome = if !slow {
-            // Tens of µs: right here, as any computation of a request.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.evaluate_blocking(ctx, &set)))
-                .map_err(|_| "panicked".to_string())
-        } else if multi_thread {
-            // A module that was slow once: this thread, while the runtime moves this
-            // worker's other tasks elsewhere, so a long evaluation holds up nobody.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                tokio::task::block_in_place(|| self.evaluate_blocking(ctx, &set))
-            }))
-            .map_err(|_| "panicked".to_string())
-        } else {
-            // A current-thread runtime cannot lend its only thread: the blocking pool.
-            let (host, ctx) = (self.clone(), ctx.clone());
-            tokio::task::spawn_blocking(move || host.evaluate_blocking(&ctx, &set)).await.map_err(|e| e.to_string())
-        };
-        outcome.unwrap_or_else(|e| {
-            // A panic in the host's own code (not a module trap, which is a value).
-            slog::error!(self.log, "policy evaluation panicked"; "error" => e);
-            StageOutcome {
-                decision: Decision::Deny {
-                    policy: "gateway/policy-host".into(),
-                    code: "policy_error".into(),
-                    reason: "the policy host failed; the send was refused to be safe".into(),
-                    risk_score: 100,
-                    fault: true,
-                },
-                trace: Vec::new(),
-            }
-        })
+        let modules = set.modules.iter().filter(|m| m.reads_counters()).cloned().collect();
+        evaluate_set(self, ctx, Arc::new(PolicySet { modules, generation: set.generation })).await
     }
+}
+
+/// Evaluates the modules of `set` asked at `ctx.stage`.
+async fn evaluate_set(host: &Arc<PolicyHost>, ctx: &Context, set: Arc<PolicySet>) -> StageOutcome {
+    if !set.modules.iter().any(|m| m.at_stage(ctx.stage)) {
+        return StageOutcome::allow();
+    }
+    // The semaphore is never closed.
+    let _permit = host.permits.acquire().await.ok();
+    let slow = set.modules.iter().any(|m| m.at_stage(ctx.stage) && m.is_slow());
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    let outcome = if !slow {
+        // Tens of µs: right here, as any computation of a request.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host.evaluate_blocking(ctx, &set)))
+            .map_err(|_| "panicked".to_string())
+    } else if multi_thread {
+        // A module that was slow once: this thread, while the runtime moves this
+        // worker's other tasks elsewhere, so a long evaluation holds up nobody.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tokio::task::block_in_place(|| host.evaluate_blocking(ctx, &set))
+        }))
+        .map_err(|_| "panicked".to_string())
+    } else {
+        // A current-thread runtime cannot lend its only thread: the blocking pool.
+        let (host, ctx) = (host.clone(), ctx.clone());
+        tokio::task::spawn_blocking(move || host.evaluate_blocking(&ctx, &set)).await.map_err(|e| e.to_string())
+    };
+    outcome.unwrap_or_else(|e| {
+        // A panic in the host's own code (not a module trap, which is a value).
+        slog::error!(host.log, "policy evaluation panicked"; "error" => e);
+        StageOutcome {
+            decision: Decision::Deny {
+                policy: "gateway/policy-host".into(),
+                code: "policy_error".into(),
+                reason: "the policy host failed; the send was refused to be safe".into(),
+                risk_score: 100,
+                fault: true,
+            },
+            trace: Vec::new(),
+        }
+    })
 }

@@ -88,4 +88,11 @@ impl StageOutcome {
 pub trait PolicyEngine: Send + Sync + 'static {
     /// Decides `ctx.stage` of one send.
     async fn evaluate(&self, ctx: &Context) -> StageOutcome;
+
+    /// Decides `ctx.stage` again, after the send's place among concurrent sends gave
+    /// it other counters. Only a module that reads them can decide otherwise: the
+    /// others were given none (`Metadata::reads_counters`), so their verdict stands.
+    async fn recheck(&self, ctx: &Context) -> StageOutcome {
+        self.evaluate(ctx).await
+    }
 }

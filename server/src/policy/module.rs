@@ -38,9 +38,23 @@ pub struct Metadata {
     pub stages: String,
     /// The interface version it was built against.
     pub interface: String,
+    /// Whether its decisions read the pacing counters. A module that says no is given
+    /// none (zeros), so its verdict cannot depend on them, and is not asked again once
+    /// a send's place among concurrent sends is known (see `PolicyEngine::recheck`).
+    /// Absent in a module built before it existed: yes.
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub reads_counters: bool,
     /// Its fixtures (only in a built artifact).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fixtures: Vec<Fixture>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(b: &bool) -> bool {
+    *b
 }
 
 impl Metadata {
@@ -52,6 +66,7 @@ impl Metadata {
             version: "0.0.0".into(),
             stages: "purpose,content".into(),
             interface: wit::SUPPORTED[wit::SUPPORTED.len() - 1].to_string(),
+            reads_counters: true,
             fixtures: Vec::new(),
         }
     }
@@ -238,9 +253,15 @@ impl LoadedModule {
         self.stages.contains(&stage)
     }
 
-    /// The context converted for this module's interface version.
+    /// The context converted for this module's interface version (its counters zero
+    /// when the module does not read them).
     pub fn convert(&self, ctx: &Context) -> Converted {
-        self.pre.convert(ctx)
+        self.pre.convert(ctx, self.metadata.reads_counters)
+    }
+
+    /// Whether it is given the pacing counters (`Metadata::reads_counters`).
+    pub fn reads_counters(&self) -> bool {
+        self.metadata.reads_counters
     }
 
     /// The interface version of its bindings.

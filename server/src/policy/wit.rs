@@ -78,6 +78,17 @@ pub mod v0_1_0 {
         }
     }
 
+    /// Counters that say nothing: what a module that does not read them is given.
+    pub fn zero_counters() -> t::Counters {
+        t::Counters {
+            to_recipient_24h: 0,
+            to_recipient_total: 0,
+            replies_from_recipient: 0,
+            new_recipients_today: 0,
+            sent_today: 0,
+        }
+    }
+
     /// This version's decision as a verdict.
     pub fn verdict(d: t::Decision) -> Verdict {
         match d {
@@ -126,10 +137,16 @@ impl Pre {
         }
     }
 
-    /// Converts `ctx` for this version.
-    pub fn convert(&self, ctx: &Context) -> Converted {
+    /// Converts `ctx` for this version; without `counters`, they are all zero.
+    pub fn convert(&self, ctx: &Context, counters: bool) -> Converted {
         match self {
-            Pre::V0_1_0(_) => Converted::V0_1_0(v0_1_0::context(ctx)),
+            Pre::V0_1_0(_) => {
+                let mut ctx = v0_1_0::context(ctx);
+                if !counters {
+                    ctx.counters = v0_1_0::zero_counters();
+                }
+                Converted::V0_1_0(ctx)
+            }
         }
     }
 

@@ -670,7 +670,7 @@ impl Sender {
             ctx.counters = exact;
             for stage in [PolicyStage::Purpose, PolicyStage::Content] {
                 ctx.stage = stage;
-                let outcome = self.policy.evaluate(&ctx).await;
+                let outcome = self.policy.recheck(&ctx).await;
                 a.trace.extend(outcome.trace);
                 if outcome.decision != Decision::Allow {
                     return Err(raced(stage, outcome.decision));
