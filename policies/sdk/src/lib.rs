@@ -193,61 +193,36 @@ macro_rules! export_policy {
         $crate::export_policy!($policy, stages = "purpose,content");
     };
     ($policy:ident, stages = $stages:literal) => {
-        $crate::__export_policy_with_metadata!(
-            $policy,
-            concat!(
-                "{\"name\":\"",
-                env!("CARGO_PKG_NAME"),
-                "\",\"version\":\"",
-                env!("CARGO_PKG_VERSION"),
-                "\",\"stages\":\"",
-                $stages,
-                "\",\"interface\":\"0.1.0\"}"
-            )
-        );
+        $crate::__export_policy_json!($policy, (env!("CARGO_PKG_NAME")), $stages, ());
     };
     ($policy:ident, name = $name:literal, stages = $stages:literal) => {
-        $crate::__export_policy_with_metadata!(
-            $policy,
-            concat!(
-                "{\"name\":\"",
-                $name,
-                "\",\"version\":\"",
-                env!("CARGO_PKG_VERSION"),
-                "\",\"stages\":\"",
-                $stages,
-                "\",\"interface\":\"0.1.0\"}"
-            )
-        );
+        $crate::__export_policy_json!($policy, ($name), $stages, ());
     };
     ($policy:ident, stages = $stages:literal, reads_counters = $reads:literal) => {
-        $crate::__export_policy_with_metadata!(
-            $policy,
-            concat!(
-                "{\"name\":\"",
-                env!("CARGO_PKG_NAME"),
-                "\",\"version\":\"",
-                env!("CARGO_PKG_VERSION"),
-                "\",\"stages\":\"",
-                $stages,
-                "\",\"interface\":\"0.1.0\",\"reads_counters\":",
-                $reads,
-                "}"
-            )
-        );
+        $crate::__export_policy_json!($policy, (env!("CARGO_PKG_NAME")), $stages, (",\"reads_counters\":", $reads,));
     };
     ($policy:ident, name = $name:literal, stages = $stages:literal, reads_counters = $reads:literal) => {
+        $crate::__export_policy_json!($policy, ($name), $stages, (",\"reads_counters\":", $reads,));
+    };
+}
+
+/// The metadata JSON of `export_policy!`: its name, the crate's version, the stages,
+/// the interface version, then any further fields (`, "key": value` pieces).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __export_policy_json {
+    ($policy:ident, ($($name:tt)+), $stages:literal, ($($more:tt)*)) => {
         $crate::__export_policy_with_metadata!(
             $policy,
             concat!(
                 "{\"name\":\"",
-                $name,
+                $($name)+,
                 "\",\"version\":\"",
                 env!("CARGO_PKG_VERSION"),
                 "\",\"stages\":\"",
                 $stages,
-                "\",\"interface\":\"0.1.0\",\"reads_counters\":",
-                $reads,
+                "\",\"interface\":\"0.1.0\"",
+                $($more)*
                 "}"
             )
         );
