@@ -216,10 +216,11 @@ impl PolicyEngine for Arc<PolicyHost> {
 
     async fn recheck(&self, ctx: &Context) -> StageOutcome {
         let set = self.current();
-        if !set.modules.iter().any(|m| m.at_stage(ctx.stage) && m.reads_counters()) {
+        let modules: Vec<_> =
+            set.modules.iter().filter(|m| m.at_stage(ctx.stage) && m.reads_counters()).cloned().collect();
+        if modules.is_empty() {
             return StageOutcome::allow();
         }
-        let modules = set.modules.iter().filter(|m| m.reads_counters()).cloned().collect();
         evaluate_set(self, ctx, Arc::new(PolicySet { modules, generation: set.generation })).await
     }
 }
