@@ -15,8 +15,8 @@
 //! fails on purpose only slows down browsers that never signed in.
 
 use super::password_work::{self, Busy};
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::{Algorithm, Argon2, Params, Version};
+use argon2::password_hash::{Output, ParamsString, PasswordHash, SaltString};
+use argon2::{Algorithm, Argon2, Block, Params, Version};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::sync::LazyLock;
@@ -41,20 +41,66 @@ const FREE_ATTEMPTS: i64 = 3;
 /// The longest delay between attempts.
 pub const MAX_DELAY_MS: i64 = 60_000;
 
-fn hasher() -> Argon2<'static> {
-    let params = Params::new(ARGON2_M_KIB, ARGON2_T, ARGON2_P, None).expect("valid argon2 parameters");
-    Argon2::new(Algorithm::Argon2id, Version::V0x13, params)
+fn params() -> Params {
+    Params::new(ARGON2_M_KIB, ARGON2_T, ARGON2_P, None).expect("valid argon2 parameters")
+}
+
+/// The size of the allocation a hash works in: above glibc's largest mmap threshold
+/// (`4 * 1024 * 1024 * sizeof(long)`, 32 MiB, mallopt(3)), so glibc maps it on its own
+/// and unmaps it when the hash is done. Allocated at its 19 MiB, glibc raised its
+/// threshold to that size after the first free and served every later hash from its
+/// arenas, which it never gave back: 30 MiB resident at rest became 245 MiB after one
+/// sign-in (BENCHMARKS.md, "Memory"). Only the 19 MiB of blocks are ever touched.
+const HASH_ALLOCATION: usize = 33 << 20;
+
+/// Runs argon2 with `params` over memory of its own (see `HASH_ALLOCATION`).
+fn argon2_into(
+    argon: &Argon2<'_>,
+    params: &Params,
+    secret: &[u8],
+    salt: &[u8],
+    out: &mut [u8],
+) -> Result<(), argon2::Error> {
+    let blocks = params.block_count();
+    let mut memory: Vec<Block> = Vec::with_capacity(blocks.max(HASH_ALLOCATION / std::mem::size_of::<Block>()));
+    memory.resize(blocks, Block::default());
+    argon.hash_password_into_with_memory(secret, salt, out, &mut memory[..])
+}
+
+/// `secret` hashed as the PHC string `PasswordHash` names (algorithm, version,
+/// parameters, salt), into an output of `len` bytes.
+fn phc_output(secret: &[u8], parsed: &PasswordHash<'_>, len: usize) -> Option<Output> {
+    let salt = parsed.salt?;
+    let params = Params::try_from(parsed).ok()?;
+    let algorithm = Algorithm::try_from(parsed.algorithm).ok()?;
+    let version = parsed.version.map(Version::try_from).transpose().ok()?.unwrap_or_default();
+    let argon = Argon2::new(algorithm, version, params.clone());
+    let mut salt_bytes = [0u8; 64];
+    let salt = salt.decode_b64(&mut salt_bytes).ok()?;
+    Output::init_with(len, |out| Ok(argon2_into(&argon, &params, secret, salt, out)?)).ok()
 }
 
 /// An argon2id PHC string of `secret` with a fresh salt (blocking: ~tens of ms).
 pub fn hash_blocking(secret: &str) -> String {
     let salt = SaltString::generate(&mut rand::rngs::OsRng);
-    hasher().hash_password(secret.as_bytes(), &salt).expect("argon2 hashes any input").to_string()
+    let params = params();
+    let mut phc = PasswordHash {
+        algorithm: Algorithm::Argon2id.ident(),
+        version: Some(Version::V0x13.into()),
+        params: ParamsString::try_from(&params).expect("argon2 parameters as a PHC string"),
+        salt: Some(salt.as_salt()),
+        hash: None,
+    };
+    phc.hash = Some(phc_output(secret.as_bytes(), &phc, Params::DEFAULT_OUTPUT_LEN).expect("argon2 hashes any input"));
+    phc.to_string()
 }
 
-/// Whether `secret` matches the PHC string `hash` (blocking).
+/// Whether `secret` matches the PHC string `hash` (blocking); compared in constant time
+/// (`Output`'s equality).
 pub fn verify_blocking(hash: &str, secret: &str) -> bool {
-    PasswordHash::new(hash).is_ok_and(|parsed| hasher().verify_password(secret.as_bytes(), &parsed).is_ok())
+    let Ok(parsed) = PasswordHash::new(hash) else { return false };
+    let Some(expected) = parsed.hash else { return false };
+    phc_output(secret.as_bytes(), &parsed, expected.len()).is_some_and(|computed| computed == expected)
 }
 
 /// A hash that matches nothing anyone types, checked for unknown accounts. Made at
@@ -166,6 +212,31 @@ mod tests {
         assert!(verify_blocking(&hash, "correct horse battery staple"));
         assert!(!verify_blocking(&hash, "correct horse battery stapl"));
         assert!(!verify_blocking("not a hash", "x"));
+    }
+
+    #[test]
+    fn hashes_are_argon2s_own_both_ways() {
+        use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+        let argon = Argon2::new(Algorithm::Argon2id, Version::V0x13, params());
+        // A hash made here is one argon2 verifies, and one argon2 made (as stored before
+        // the hash had memory of its own) verifies here; other parameters too.
+        let ours = hash_blocking("correct horse battery staple");
+        let parsed = PasswordHash::new(&ours).unwrap();
+        assert!(argon.verify_password(b"correct horse battery staple", &parsed).is_ok());
+        assert!(argon.verify_password(b"wrong horse battery staple", &parsed).is_err());
+        let salt = SaltString::generate(&mut rand::rngs::OsRng);
+        let theirs = argon.hash_password(b"correct horse battery staple", &salt).unwrap().to_string();
+        assert!(verify_blocking(&theirs, "correct horse battery staple"));
+        assert!(!verify_blocking(&theirs, "correct horse battery stapler"));
+        let light = Argon2::new(Algorithm::Argon2id, Version::V0x13, Params::new(1024, 1, 1, Some(16)).unwrap());
+        let short = light.hash_password(b"pw", &salt).unwrap().to_string();
+        assert!(verify_blocking(&short, "pw") && !verify_blocking(&short, "pW"));
+        // The same salt and secret give the same string as argon2's own hasher.
+        let again = argon.hash_password(b"x", PasswordHash::new(&ours).unwrap().salt.unwrap()).unwrap().to_string();
+        let mut phc = PasswordHash::new(&again).unwrap();
+        phc.hash = None;
+        let computed = phc_output(b"x", &phc, Params::DEFAULT_OUTPUT_LEN).unwrap();
+        assert_eq!(Some(computed), PasswordHash::new(&again).unwrap().hash);
     }
 
     #[test]
