@@ -1,4 +1,4 @@
-//! Embeds the bundled policy modules (`policies/dist/*.wasm`, built from source by
+//! Rebuilds the crate when a migration changes, and embeds the bundled policy modules (`policies/dist/*.wasm`, built from source by
 //! `scripts/build-policies.sh`) into the gateway. A missing file is embedded as empty,
 //! so the gateway can be built before the policies are (its own `policy build` makes
 //! them); such a gateway refuses to start and says which module is missing.
@@ -11,6 +11,12 @@ fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let dist = manifest.join("../policies/dist");
     println!("cargo:rerun-if-changed={}", dist.display());
+    // `sqlx::migrate!` embeds the migrations, but cargo sees no change to a file it was
+    // not told of: with these lines a new or changed migration rebuilds the crate (else
+    // this build script's own rerun-if-changed lines hide them, and the binary keeps the
+    // migrations it was first built with).
+    println!("cargo:rerun-if-changed={}", manifest.join("migrations/sqlite").display());
+    println!("cargo:rerun-if-changed={}", manifest.join("migrations/postgres").display());
     let mut code = String::from("/// (module name, bytes) of each bundled module, in evaluation order.\n");
     code.push_str(&format!("pub const MODULES: [(&str, &[u8]); {}] = [\n", BUNDLED.len()));
     for name in BUNDLED {
