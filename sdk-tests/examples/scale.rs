@@ -21,10 +21,10 @@
 //! 5), printing the median and the slowest in milliseconds; for the CSV export, the time
 //! to its first byte. `queries` times the store calls behind the slowest pages alone.
 
+use gateway_sdk_tests::dashboard::{DashClient, signed_in};
 use gateway_server::config::Config;
 use gateway_server::dashboard::roles::Role;
 use gateway_server::store::Store;
-use gateway_sdk_tests::dashboard::{DashClient, signed_in};
 use sqlx::Row;
 use std::time::Instant;
 
@@ -63,7 +63,11 @@ async fn exec(pool: &sqlx::AnyPool, sql: &str, values: &[i64]) -> u64 {
 }
 
 async fn scalar(pool: &sqlx::AnyPool, sql: &str) -> i64 {
-    sqlx::query(sql).fetch_one(pool).await.unwrap_or_else(|e| panic!("{e}: {sql}")).try_get::<Option<i64>, _>(0)
+    sqlx::query(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}: {sql}"))
+        .try_get::<Option<i64>, _>(0)
         .expect("a number")
         .unwrap_or(0)
 }

@@ -405,7 +405,8 @@ async fn the_bundled_modules_start_and_the_directory_adds_to_them() {
 }
 
 /// Compiled artifacts in a cache directory (the worker's `.stats` and cleanup files
-/// left out).
+/// left out, and the files it is still writing: `NAME.wip-atomic-write-stats` while it
+/// writes a `.stats` file in the background, seen once beside the artifact).
 fn cached_artifacts(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut found = Vec::new();
     let mut pending = vec![dir.to_path_buf()];
@@ -415,7 +416,7 @@ fn cached_artifacts(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
             let name = entry.file_name().to_string_lossy().to_string();
             if path.is_dir() {
                 pending.push(path);
-            } else if !name.ends_with(".stats") && !name.starts_with('.') {
+            } else if !name.ends_with(".stats") && !name.starts_with('.') && !name.contains(".wip-") {
                 found.push(path);
             }
         }

@@ -255,11 +255,21 @@ async fn every_chart_has_a_name_a_picture_and_its_numbers() {
     let refusals = &overview[overview.find("id=\"refusals-by-rule\"").unwrap()..];
     assert!(refusals[..refusals.find("</figure>").unwrap()].contains("marketing_content"), "{refusals}");
     assert!(overview.contains("3 of "), "3 messages today against the daily limit");
-    // The risk card and the backlog are there; the fleet names the replica's modules.
-    assert!(ana.get(&format!("/instances/{id}/manage")).await.body.contains("id=\"risk\""));
+    let figure = |page: &str, chart: &str| -> String {
+        let at = page.find(&format!("id=\"{chart}\"")).unwrap();
+        page[at..at + page[at..].find("</figure>").unwrap()].to_string()
+    };
+    let per_day = figure(&overview, "sends-per-day");
+    assert!(per_day.contains(r#"<td class="num">3</td><td class="num">1</td>"#), "3 sent, 1 refused today: {per_day}");
+    // The risk card counts the instance's attempts; the backlog is there.
+    let manage = ana.get(&format!("/instances/{id}/manage")).await.body;
+    assert!(manage.contains("id=\"risk\"") && manage.contains("(1 of 4)"), "1 refusal in 4 attempts: {manage}");
     assert!(ana.get(&format!("/instances/{id}/manage?tab=webhook")).await.body.contains("id=\"backlog\""));
+    // The fleet counts every customer's sends and refusals, and names the replica's modules.
     let fleet = operator.get("/operator/fleet").await.body;
     assert!(fleet.contains("id=\"replicas\"") && fleet.contains("content"), "{fleet}");
+    assert!(fleet.contains("3 messages sent in the last hour"), "{fleet}");
+    assert!(figure(&fleet, "fleet-refusals").contains("marketing_content"), "{fleet}");
     // The fleet is the operator's alone.
     assert_ne!(ana.get("/operator/fleet").await.status, 200);
     cx.teardown().await;
