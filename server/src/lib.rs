@@ -302,6 +302,12 @@ fn spawn_provider_watch(store: Store, config: &Config, log: Logger) -> JoinHandl
     tokio::spawn(async move {
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The watchdog's window: the whole day before the cut-off at start and every
+        // WATCHDOG_FULL_EVERY (a message settled late is still found), else only what
+        // crossed the cut-off since the last run that succeeded, with a margin: every
+        // second it read the whole day's sends, which grows with the traffic.
+        let mut covered: Option<i64> = None;
+        let mut last_full = tokio::time::Instant::now();
         loop {
             interval.tick().await;
             let now = store::now_ms();
@@ -311,14 +317,34 @@ fn spawn_provider_watch(store: Store, config: &Config, log: Logger) -> JoinHandl
             if let Err(e) = store.close_conversations(now).await {
                 warn!(log, "closing conversation windows failed"; "error" => %e);
             }
-            match store.flag_unacknowledged(now - ack_timeout, now - ack_timeout - 24 * 3_600_000).await {
-                Ok(n) if n > 0 => info!(log, "messages never acknowledged as delivered"; "count" => n),
-                Ok(_) => {}
+            let cutoff = now - ack_timeout;
+            let full = covered.is_none() || last_full.elapsed() >= WATCHDOG_FULL_EVERY;
+            let since = match covered {
+                Some(done) if !full => done - WATCHDOG_MARGIN_MS,
+                _ => cutoff - 24 * 3_600_000,
+            };
+            match store.flag_unacknowledged(cutoff, since).await {
+                Ok(n) => {
+                    covered = Some(cutoff);
+                    if full {
+                        last_full = tokio::time::Instant::now();
+                    }
+                    if n > 0 {
+                        info!(log, "messages never acknowledged as delivered"; "count" => n);
+                    }
+                }
                 Err(e) => warn!(log, "the delivery watchdog failed"; "error" => %e),
             }
         }
     })
 }
+
+/// How often the delivery watchdog reads the whole day before its cut-off.
+const WATCHDOG_FULL_EVERY: Duration = Duration::from_secs(600);
+/// How far before the last run's cut-off the watchdog's next window starts (a message
+/// settled up to a minute after its cut-off passed is found at once; a later one by the
+/// next whole-day read).
+const WATCHDOG_MARGIN_MS: i64 = 60_000;
 
 /// Attempts left pending by a process that stopped while the provider call was in
 /// flight (its lease lapsed: see `store::leases`) become `unknown` (they may have been

@@ -824,8 +824,13 @@ impl Store {
     /// Delivery watchdog: every message an Evolution instance sent before `cutoff`
     /// (and after `since`) that the provider never acknowledged as delivered gets a
     /// `message.failed` with error `no_delivery_ack`, once; how many.
+    ///
+    /// The rows are looked for without the write lock (on SQLite, a scan under it
+    /// stopped every send for as long as it ran, every second: BENCHMARKS.md); each is
+    /// then marked by a conditional update that checks again that it is still
+    /// unacknowledged and unmarked, and gets its event only if the update took it, in
+    /// one transaction, so a report arriving meanwhile, or another replica, wins cleanly.
     pub async fn flag_unacknowledged(&self, cutoff: i64, since: i64) -> Result<usize, StoreError> {
-        let mut tx = write_transaction(&self.write).await?;
         let rows = sqlx::query(
             "SELECT m.id, m.recipient, m.purpose, m.instance_id FROM message_log m \
              JOIN instances i ON i.id = m.instance_id AND i.provider = 'evolution' \
@@ -836,12 +841,31 @@ impl Store {
         )
         .bind(cutoff)
         .bind(since)
-        .fetch_all(&mut *tx)
+        .fetch_all(&self.read)
         .await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = write_transaction(&self.write).await?;
         let now = now_ms();
         let mut applied = Applied::default();
+        let mut flagged = 0;
         for row in &rows {
             let id: i64 = row.try_get("id")?;
+            let taken = sqlx::query(
+                "UPDATE message_log SET ack_checked_at = $1 WHERE id = $2 AND status = 'sent' \
+                 AND ack_checked_at IS NULL AND NOT EXISTS (SELECT 1 FROM message_status s \
+                 WHERE s.instance_id = message_log.instance_id \
+                 AND s.external_message_id = message_log.provider_message_id AND s.status_rank >= 2)",
+            )
+            .bind(now)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if taken == 0 {
+                continue;
+            }
             let instance_id: String = row.try_get("instance_id")?;
             let instance = instance_in(&mut tx, &instance_id).await?;
             let to: String = row.try_get::<Option<String>, _>("recipient")?.unwrap_or_default();
@@ -855,13 +879,9 @@ impl Store {
                 MessageFailed { to, message_purpose, error: "no_delivery_ack".into() }
             )
             .await?;
-            sqlx::query("UPDATE message_log SET ack_checked_at = $1 WHERE id = $2")
-                .bind(now)
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
+            flagged += 1;
         }
         tx.commit().await?;
-        Ok(rows.len())
+        Ok(flagged)
     }
 }
