@@ -27,3 +27,16 @@ demo_tenant() {
   "$1" --database-url "$2" customer limits --customer "$cus" --daily 1000000000 --monthly 1000000000 \
     --instance-per-minute 1000000000 --recipient-per-minute 1000000000 >/dev/null
 }
+
+# Calls the caller's `run NAME DATABASE_URL PORT` for each store in STORES (sqlite,
+# postgres): a SQLite file $1.db in the work directory on port $2, a fresh PostgreSQL
+# database on port $3 (dropped after).
+each_store() { # file_stem sqlite_port postgres_port
+  local store
+  for store in $STORES; do
+    case $store in
+      sqlite) run sqlite "sqlite://$work/$1.db?mode=rwc" "$2" ;;
+      postgres) run postgres "$(pg_fresh)" "$3"; pg_drop ;;
+    esac
+  done
+}

@@ -68,9 +68,4 @@ job() { # store database_url port
   kill %1; wait %1 2>/dev/null || true
 }
 
-for store in $STORES; do
-  case $store in
-    sqlite) run sqlite "sqlite://$work/retention.db?mode=rwc" 18087 ;;
-    postgres) run postgres "$(pg_fresh)" 18088; pg_drop ;;
-  esac
-done
+each_store retention 18087 18088

@@ -45,9 +45,4 @@ run() { # store database_url port
   done
 }
 
-for store in $STORES; do
-  case $store in
-    sqlite) run sqlite "sqlite://$work/scale.db?mode=rwc" 18084 ;;
-    postgres) run postgres "$(pg_fresh)" 18085; pg_drop ;;
-  esac
-done
+each_store scale 18084 18085
