@@ -1,7 +1,8 @@
-//! Rebuilds the crate when a migration changes, and embeds the bundled policy modules (`policies/dist/*.wasm`, built from source by
-//! `scripts/build-policies.sh`) into the gateway. A missing file is embedded as empty,
-//! so the gateway can be built before the policies are (its own `policy build` makes
-//! them); such a gateway refuses to start and says which module is missing.
+//! Rebuilds the crate when a migration changes, and embeds the bundled policy modules
+//! (`policies/dist/*.wasm`, built from source by `scripts/build-policies.sh`) into the
+//! gateway. A missing file is embedded as empty, so the gateway can be built before the
+//! policies are (its own `policy build` makes them); such a gateway refuses to start and
+//! says which module is missing.
 
 use std::path::PathBuf;
 

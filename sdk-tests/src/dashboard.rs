@@ -132,15 +132,19 @@ impl DashClient {
 
     /// GET a path.
     pub async fn get(&self, path: &str) -> Page {
-        let response = self
-            .http
+        let response = self.get_response(path).await;
+        self.finish(response).await
+    }
+
+    /// GET a path; the answer as it arrives (its body not yet read, no cookie taken).
+    pub async fn get_response(&self, path: &str) -> reqwest::Response {
+        self.http
             .get(format!("{}{path}", self.base_url))
             .header("cookie", self.cookie_header())
             .header("accept", "text/html,application/xhtml+xml,*/*;q=0.8")
             .send()
             .await
-            .expect("the gateway answers");
-        self.finish(response).await
+            .expect("the gateway answers")
     }
 
     /// POST a form as a same-origin page would.

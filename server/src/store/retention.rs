@@ -13,7 +13,7 @@ use super::writer::{Exec, Statement};
 use super::{Backend, Store, StoreError, now_ms};
 use rusqlite::types::Value as SqlValue;
 use serde::Serialize;
-use std::sync::Mutex;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// Rows deleted per statement (PostgreSQL).
@@ -62,20 +62,21 @@ impl RetentionPlan {
     }
 }
 
-/// The delete statement `sql` as the writer takes it (`&'static str`): each of the
-/// steps' few texts is made once and kept.
-fn sqlite_delete(sql: &str) -> &'static str {
-    static TEXTS: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let mut texts = TEXTS.lock().unwrap_or_else(|p| p.into_inner());
-    match texts.iter().find(|t| **t == sql) {
-        Some(text) => text,
-        None => {
-            let text: &'static str = sql.to_string().leak();
-            texts.push(text);
-            text
-        }
-    }
-}
+/// The delete of one batch of a step's rows, on SQLite and on PostgreSQL, made once
+/// (the writer takes its statements as `&'static str`).
+static DELETES: LazyLock<Vec<[String; 2]>> = LazyLock::new(|| {
+    let delete = |table: &str, condition: &str, key: &str, batch: i64| {
+        format!("DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} WHERE {condition} LIMIT {batch})")
+    };
+    STEPS
+        .iter()
+        .map(|(table, condition, _)| {
+            // SQLite's tables without a rowid are named by their primary key.
+            let sqlite_key = if *table == "pbx_seen_signatures" { "ts, integration_id, signature" } else { "rowid" };
+            [delete(table, condition, sqlite_key, SQLITE_BATCH), delete(table, condition, "ctid", BATCH)]
+        })
+        .collect()
+});
 
 /// Rows one run deleted from one table.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -140,20 +141,12 @@ pub fn tables() -> Vec<&'static str> {
 impl Store {
     /// Deletes every row past its time; what each table lost.
     pub async fn run_retention(&self, plan: &RetentionPlan) -> Result<Vec<Pruned>, StoreError> {
-        let (row_id, batch) = match self.backend {
-            Backend::Sqlite => ("rowid", SQLITE_BATCH),
-            Backend::Postgres => ("ctid", BATCH),
+        let batch = match self.backend {
+            Backend::Sqlite => SQLITE_BATCH,
+            Backend::Postgres => BATCH,
         };
         let mut report: Vec<Pruned> = Vec::new();
-        for (table, condition, cut_off) in STEPS {
-            // SQLite's tables without a rowid are named by their primary key.
-            let key = match *table {
-                "pbx_seen_signatures" => "ts, integration_id, signature",
-                _ => row_id,
-            };
-            let sql = format!(
-                "DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} WHERE {condition} LIMIT {batch})"
-            );
+        for ((table, _, cut_off), [sqlite, postgres]) in STEPS.iter().zip(DELETES.iter()) {
             let at = cut_off(plan);
             let mut rows = 0;
             loop {
@@ -163,10 +156,10 @@ impl Store {
                     // from another connection each batch waited for the lock, and the
                     // writer then slept in SQLite's busy handler.
                     Backend::Sqlite => {
-                        let delete = Statement { sql: sqlite_delete(&sql), params: vec![SqlValue::Integer(at)] };
+                        let delete = Statement { sql: sqlite.as_str(), params: vec![SqlValue::Integer(at)] };
                         self.write(Exec(vec![delete])).await?.first().copied().unwrap_or(0)
                     }
-                    Backend::Postgres => sqlx::query(&sql).bind(at).execute(&self.write).await?.rows_affected(),
+                    Backend::Postgres => sqlx::query(postgres).bind(at).execute(&self.write).await?.rows_affected(),
                 };
                 rows += done;
                 if done < batch as u64 {
