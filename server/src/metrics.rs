@@ -108,7 +108,7 @@ impl Metrics {
         registry.register(Box::new(webhook_endpoints.clone())).expect("registered once");
         let write_seconds = prometheus::Counter::new(
             "gateway_store_write_seconds_total",
-            "Time the store's writer spent running batches (a batch is one transaction and one commit).",
+            "Time the store's writer spent running batches (a batch is one transaction and one commit), summed over its lanes (PostgreSQL runs three at once).",
         )
         .expect("a valid counter");
         registry.register(Box::new(write_seconds.clone())).expect("registered once");

@@ -20,7 +20,7 @@
 use super::counters::{self, LimitHit, Reservation};
 use super::idempotency::{Answer, CLAIM_SQL, IdemOwner, KeyFate, claim_json, claim_values};
 use super::messages::{self, LogEntry, OutboxEvent};
-use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, sqlite_exec, unexpected};
+use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, lane, sqlite_exec, unexpected};
 use super::{Store, StoreError, bind_dollar};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
@@ -360,5 +360,34 @@ impl Write for Finish {
             PgAnswer::Value(r) => Ok(r["applied"] == true),
             PgAnswer::Rows(_) => Err(StoreError::Conflict("a finish had no answer".into())),
         }
+    }
+
+    /// A settle that gives counters back shares their lane with the sends that take them.
+    fn lane(&self) -> usize {
+        if self.release.is_empty() { lane::SETTLE } else { lane::MAIN }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counters are only ever changed by the main lane, so limits stay exact however
+    /// many lanes run: a settle goes beside it only when it gives nothing back.
+    #[test]
+    fn only_a_settle_that_gives_nothing_back_leaves_the_main_lane() {
+        let sent = Finish { status: "sent".into(), ..Finish::default() };
+        assert_eq!(sent.lane(), lane::SETTLE);
+        let r = Reservation { scope: "day:c".into(), window_start: 0, expires_at: 1, limit: 1 };
+        let failed = Finish { status: "failed".into(), release: vec![r], ..Finish::default() };
+        assert_eq!(failed.lane(), lane::MAIN);
+        let begin = Begin {
+            reservations: Vec::new(),
+            entry: LogEntry::default(),
+            deadline_at: 0,
+            idem: None,
+            owner_lease: None,
+        };
+        assert_eq!(begin.lane(), lane::MAIN);
     }
 }

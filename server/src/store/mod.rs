@@ -123,8 +123,9 @@ pub struct Store {
     read: AnyPool,
     write: AnyPool,
     backend: Backend,
-    /// The group-commit writer of the send path (see `writer`).
-    writer: tokio::sync::mpsc::Sender<writer::Queued>,
+    /// The group-commit writer of the send path (see `writer`): one queue on SQLite,
+    /// one per lane on PostgreSQL.
+    writer: Arc<[tokio::sync::mpsc::Sender<writer::Queued>]>,
     /// SQLite only: plain connections for the send path's reads (see `read_one`).
     sqlite_readers: Option<Arc<SqliteReaders>>,
     /// API keys, customers and instances the send path read (see `cache`).
@@ -372,7 +373,7 @@ impl Store {
                 let write = pool().max_connections(1).connect(url).await?;
                 let read = pool().max_connections(max).connect(url).await?;
                 let path = writer::sqlite_path(url).ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
-                let writer = writer::spawn_sqlite(path.clone(), options, log)?;
+                let writer = Arc::new([writer::spawn_sqlite(path.clone(), options, log)?]);
                 let idle = Mutex::new(Vec::new());
                 let sqlite_readers = Some(Arc::new(SqliteReaders { path, idle }));
                 let (cache, url) = (Arc::default(), url.into());
@@ -381,7 +382,7 @@ impl Store {
             Backend::Postgres => {
                 let pool =
                     AnyPoolOptions::new().max_connections(max).acquire_timeout(options.timeout).connect(url).await?;
-                let writer = writer::spawn_sqlx(pool.clone(), options.timeout, log);
+                let writer = writer::spawn_sqlx(pool.clone(), options.timeout, log).into();
                 let (cache, url) = (Arc::default(), url.into());
                 Ok(Store {
                     read: pool.clone(),
@@ -507,8 +508,9 @@ impl Store {
     /// Queues a write for the group-commit writer and waits for its result.
     async fn write<W: writer::Write>(&self, write: W) -> Result<W::Output, StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let queue = &self.writer[write.lane().min(self.writer.len() - 1)];
         let pending = writer::Pending { write, output: None, reply };
-        self.writer.send(Box::new(pending)).await.map_err(|_| StoreError::Closed)?;
+        queue.send(Box::new(pending)).await.map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
     }
 

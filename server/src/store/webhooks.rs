@@ -480,4 +480,8 @@ impl Write for FinishDelivery {
     fn read_postgres(&self, _: PgAnswer) -> Result<(), StoreError> {
         Ok(())
     }
+
+    fn lane(&self) -> usize {
+        super::writer::lane::DELIVERY
+    }
 }

@@ -29,6 +29,18 @@
 //! commit per batch, where a statement per write cost a round trip each and kept the
 //! writer busy (measured in BENCHMARKS.md). Writes that are plain statements run after
 //! it in the same transaction.
+//!
+//! PostgreSQL runs concurrent transactions, so its writer is several lanes, each a
+//! task with its own queue and its own batch in flight: the main lane takes every write
+//! that takes or gives back counters, claims keys or changes shared rows; the settle
+//! lane takes the outcomes of sends that give nothing back (their own row, an event,
+//! the contact, the key's answer); the delivery lane takes the outcomes of webhook
+//! deliveries. One serial writer kept one PostgreSQL backend busy while the machine was
+//! half idle (BENCHMARKS.md). A send's own writes keep their order (its settle is
+//! queued after its begin committed); writes of different lanes are concurrent ones
+//! whose order never mattered. Should two lanes' batches ever wait for each other's
+//! rows, PostgreSQL ends one (a deadlock) and its writes are retried one transaction
+//! each, as after any failed batch. SQLite has one writer, whatever the lane.
 
 use super::{StoreError, bind_dollar};
 use rusqlite::types::Value as SqlValue;
@@ -40,6 +52,18 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Largest number of writes in one transaction.
 const MAX_BATCH: usize = 256;
+
+/// The PostgreSQL writer's lanes (see the header).
+pub(super) mod lane {
+    /// Counters, keys, and every write not named below.
+    pub const MAIN: usize = 0;
+    /// The outcome of a send that gives no counter back.
+    pub const SETTLE: usize = 1;
+    /// The outcome of a webhook delivery.
+    pub const DELIVERY: usize = 2;
+    /// How many there are.
+    pub const COUNT: usize = 3;
+}
 
 /// One write the writer runs for a caller, defined by the module that owns it.
 pub(super) trait Write: Send + 'static {
@@ -64,6 +88,11 @@ pub(super) trait Write: Send + 'static {
     /// transaction).
     fn has_then(&self) -> bool {
         false
+    }
+
+    /// The PostgreSQL lane that runs it (see `lane`).
+    fn lane(&self) -> usize {
+        lane::MAIN
     }
 }
 
@@ -263,10 +292,16 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result
     Ok(())
 }
 
-/// Starts the PostgreSQL writer task over `pool`; it ends when every sender is dropped.
-/// A batch the database does not answer within `timeout` fails as a whole (its
-/// connection is dropped with it): the writer never hangs on a lost database.
-pub(super) fn spawn_sqlx(pool: AnyPool, timeout: Duration, log: Option<slog::Logger>) -> mpsc::Sender<Queued> {
+/// Starts the PostgreSQL writer's lanes over `pool`, one task each (the senders in lane
+/// order); each ends when its senders are dropped.
+pub(super) fn spawn_sqlx(pool: AnyPool, timeout: Duration, log: Option<slog::Logger>) -> Vec<mpsc::Sender<Queued>> {
+    (0..lane::COUNT).map(|_| spawn_lane(pool.clone(), timeout, log.clone())).collect()
+}
+
+/// One lane of the PostgreSQL writer. A batch the database does not answer within
+/// `timeout` fails as a whole (its connection is dropped with it): the writer never
+/// hangs on a lost database.
+fn spawn_lane(pool: AnyPool, timeout: Duration, log: Option<slog::Logger>) -> mpsc::Sender<Queued> {
     let (tx, mut rx) = mpsc::channel::<Queued>(4 * MAX_BATCH);
     tokio::spawn(async move {
         let mut batch = Vec::with_capacity(MAX_BATCH);
