@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod net;
 pub mod ops;
 pub mod pbx;
+pub mod phone;
 pub mod policy;
 pub mod provider;
 pub mod send;
@@ -37,6 +38,34 @@ use std::sync::Arc;
 use std::time::Duration;
 use store::Store;
 use tokio::task::JoinHandle;
+
+/// How the store connects (durability and the database timeout), from the
+/// configuration: the store knows no configuration of its own.
+pub fn store_options(config: &Config) -> store::StoreOptions {
+    store::StoreOptions {
+        durability: store::Durability::parse(&config.sqlite_synchronous).unwrap_or_default(),
+        timeout: Duration::from_millis(config.database_timeout_ms),
+    }
+}
+
+/// What retention deletes at `now` under `config`: each table's cut-off as a plain
+/// time (PBX signatures are remembered for twice their tolerance).
+pub fn retention_plan(config: &Config, now: i64) -> store::retention::RetentionPlan {
+    use bounds::{days_ms, hours_ms};
+    let r = &config.retention;
+    store::retention::RetentionPlan {
+        now,
+        message_log_before: now.saturating_sub(days_ms(r.message_log_days)),
+        inbound_before: now.saturating_sub(days_ms(r.inbound_days)),
+        provider_events_applied_before: now.saturating_sub(hours_ms(r.provider_events_hours)),
+        provider_events_failed_before: now.saturating_sub(days_ms(r.failed_provider_events_days)),
+        review_before: now.saturating_sub(days_ms(r.review_days)),
+        contacts_before: now.saturating_sub(days_ms(r.contacts_days)),
+        webhooks_before: now.saturating_sub(days_ms(config.webhooks.retention_days)),
+        pbx_events_before: now.saturating_sub(days_ms(config.pbx.event_retention_days)),
+        pbx_signatures_before_seconds: (now / 1000).saturating_sub(2 * pbx::auth::TOLERANCE_SECONDS),
+    }
+}
 
 /// A server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -218,7 +247,7 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         );
     }
     let store_log = log.new(slog::o!("component" => "store"));
-    let options = config.store_options();
+    let options = store_options(&config);
     let store =
         Store::open_with(&config.database_url, config.database_max_connections, Some(store_log), options).await?;
     // The lease first: every attempt this process begins names it (see store::leases).
@@ -357,7 +386,7 @@ fn spawn_orphan_sweep(store: Store, log: Logger) -> JoinHandle<()> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            match store.sweep_orphans(store::now_ms(), http::error::orphan_answer()).await {
+            match store.sweep_orphans(store::now_ms(), send::answer::orphan_answer()).await {
                 Ok(n) if n > 0 => warn!(log, "attempts orphaned by a stopped process are now unknown"; "count" => n),
                 Ok(_) => {}
                 Err(e) => warn!(log, "settling orphaned attempts failed"; "error" => %e),
@@ -377,7 +406,7 @@ fn spawn_retention(store: Store, config: Arc<Config>, log: Logger) -> JoinHandle
         let mut tick = tokio::time::interval_at(start, Duration::from_secs(600));
         loop {
             tick.tick().await;
-            match store.run_retention_now(&config).await {
+            match store.run_retention(&retention_plan(&config, store::now_ms())).await {
                 Ok(report) => {
                     let pruned: Vec<String> =
                         report.iter().filter(|p| p.rows > 0).map(|p| format!("{} {}", p.table, p.rows)).collect();

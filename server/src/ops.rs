@@ -5,8 +5,8 @@ use crate::apikey;
 use crate::bounds;
 use crate::config::Config;
 use crate::pbx;
+use crate::phone;
 use crate::provider;
-use crate::send::phone;
 use crate::store::{
     ApiKeyRecord, Customer, Instance, LimitOverrides, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate,
     PlanStatus, Store, StoreError, WebhookAttempt, WebhookEndpoint, now_ms,

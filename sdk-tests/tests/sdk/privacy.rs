@@ -3,7 +3,7 @@
 
 use crate::{expect_error, text};
 use gateway_sdk_tests::TestContext;
-use gateway_server::store::retention::{RetentionPlan, tables};
+use gateway_server::store::retention::tables;
 use gateway_server::store::{Store, now_ms};
 use serde_json::json;
 use sqlx::{Connection, Executor, Row};
@@ -101,7 +101,7 @@ async fn retention_deletes_rows_past_their_time_and_nothing_else() {
     .await
     .unwrap();
 
-    let report = store.run_retention(&RetentionPlan::new(&cx.config, now_ms())).await.unwrap();
+    let report = store.run_retention(&gateway_server::retention_plan(&cx.config, now_ms())).await.unwrap();
     let pruned = |table: &str| report.iter().find(|p| p.table == table).map(|p| p.rows).unwrap();
     assert_eq!(pruned("message_log"), 1, "the old settled send; the old pending one stays");
     assert_eq!(pruned("inbound_messages"), 1);
@@ -114,7 +114,7 @@ async fn retention_deletes_rows_past_their_time_and_nothing_else() {
     let named: Vec<&str> = report.iter().map(|p| p.table).collect();
     assert_eq!(named, tables());
     // A second run finds nothing more.
-    let again = store.run_retention(&RetentionPlan::new(&cx.config, now_ms())).await.unwrap();
+    let again = store.run_retention(&gateway_server::retention_plan(&cx.config, now_ms())).await.unwrap();
     assert!(again.iter().all(|p| p.rows == 0), "{again:?}");
     conn.close().await.ok();
     cx.teardown().await;

@@ -620,7 +620,7 @@ async fn run() -> Result<()> {
         },
         other => other,
     };
-    let store = Store::open_with(&config.database_url, 2, None, config.store_options())
+    let store = Store::open_with(&config.database_url, 2, None, gateway_server::store_options(&config))
         .await
         .context("opening the database")?;
     let out = operate(&store, &config, command).await;
@@ -685,7 +685,9 @@ async fn operate(store: &Store, config: &Config, command: Command) -> Result<(bo
             }
             Command::Demo => ops::demo(store, config).await?,
             Command::Retention { command: RetentionCommand::Run } => {
-                let report = store.run_retention_now(config).await?;
+                let report = store
+                    .run_retention(&gateway_server::retention_plan(config, gateway_server::store::now_ms()))
+                    .await?;
                 let pruned: serde_json::Map<String, Value> =
                     report.iter().map(|p| (p.table.to_string(), json!(p.rows))).collect();
                 json!({"pruned": pruned, "retention": retention_json(config)})

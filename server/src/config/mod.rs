@@ -491,14 +491,6 @@ impl Config {
         Ok(())
     }
 
-    /// How the store connects (durability and the database timeout).
-    pub fn store_options(&self) -> crate::store::StoreOptions {
-        crate::store::StoreOptions {
-            durability: crate::store::Durability::parse(&self.sqlite_synchronous).unwrap_or_default(),
-            timeout: Duration::from_millis(self.database_timeout_ms),
-        }
-    }
-
     /// The provider timeout as a duration.
     /// The gateway's base URL as providers reach it: `public_url`, else `http://{listen}`.
     pub fn public_base_url(&self) -> String {

@@ -9,7 +9,7 @@ use super::roles::Action;
 use super::session::{self, Viewer};
 use super::views;
 use super::{Ctx, DashError, PAGE_SIZE, before_id, html, page, query, when};
-use crate::send::phone;
+use crate::phone;
 use crate::store::insight::refusal_rule;
 use crate::store::{DeliveryState, LogFilter, LogRow};
 use dropshot::{Body, HttpError, Path, endpoint};

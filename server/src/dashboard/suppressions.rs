@@ -13,7 +13,7 @@ use super::roles::Action;
 use super::session::{self, Viewer};
 use super::views::{self, Notice};
 use super::{Ctx, DashError, Form, PAGE_SIZE, html, page, page_number, query, when};
-use crate::send::phone;
+use crate::phone;
 use dropshot::{Body, HttpError, UntypedBody, endpoint};
 use http::{HeaderValue, Response, StatusCode, header};
 use maud::{Markup, html};

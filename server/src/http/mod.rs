@@ -12,7 +12,7 @@ pub use crate::state::AppState;
 
 use crate::pbx::{Webhook, WebhookRequest};
 use crate::provider::ProviderError;
-use crate::send::{SendError, SendInput, idempotency};
+use crate::send::{SendError, SendInput, answer, idempotency};
 use crate::store::{Answer, now_ms};
 use dropshot::{Body, HttpError, Path, RequestContext, endpoint};
 use futures::FutureExt;
@@ -51,16 +51,16 @@ impl GatewayApi for GatewayApiImpl {
         let handled =
             catch_panics(&log, send_message(state, headers, trace, body, progress.clone(), log.clone(), started));
         match tokio::time::timeout(budget, handled).await {
-            Ok(Err(e)) if e.status.as_u16() == 503 => Ok(reply(error::error_answer(&e))),
+            Ok(Err(e)) if e.status.as_u16() == 503 => Ok(reply(answer::error_answer(&e))),
             Ok(result) => result,
             Err(_) if progress.begun() => {
                 error!(log, "send did not finish in time; its outcome is unknown"; "budget_ms" => budget.as_millis() as u64);
                 let unknown = ProviderError::OutcomeUnknown(crate::send::CANCELLED_REASON.into());
-                Ok(reply(error::send_answer(&Err(SendError::Provider(unknown)))))
+                Ok(reply(answer::send_answer(&Err(SendError::Provider(unknown)))))
             }
             Err(_) => {
                 error!(log, "send did not finish in time"; "budget_ms" => budget.as_millis() as u64);
-                Ok(reply(error::error_answer(&error::unavailable("the request did not finish in time"))))
+                Ok(reply(answer::error_answer(&error::unavailable("the request did not finish in time"))))
             }
         }
     }
@@ -105,7 +105,7 @@ impl GatewayApi for GatewayApiImpl {
         match result {
             Ok(answer) => Ok(PbxReply::new(200, serde_json::to_string(&answer).unwrap_or_default())),
             Err(e) if matches!(e.status.as_u16(), 409 | 429 | 503) => {
-                let answer = error::error_answer(&e);
+                let answer = answer::error_answer(&e);
                 Ok(with_retry_after(PbxReply::new(answer.status, answer.body)))
             }
             Err(e) => Err(e),
@@ -162,8 +162,8 @@ async fn send_message(
     if let Some(idem_key) = idem_key {
         let keys = idempotency::Keys {
             store: &state.store,
-            render: error::send_answer,
-            orphan_answer: error::orphan_answer(),
+            render: answer::send_answer,
+            orphan_answer: answer::orphan_answer(),
         };
         match idempotency::claim(&keys, &key.customer_id, idem_key, &input.body, snapshot).await? {
             idempotency::Outcome::Run(claim) => input.idempotency = Some(claim),
@@ -174,7 +174,7 @@ async fn send_message(
             idempotency::Outcome::InProgress => {
                 info!(log, "send refused"; "error" => "idempotency_request_in_progress", "status" => 409,
                       "latency_us" => us());
-                return Ok(reply(error::send_answer(&Err(SendError::IdempotencyInProgress))));
+                return Ok(reply(answer::send_answer(&Err(SendError::IdempotencyInProgress))));
             }
             idempotency::Outcome::Reused => {
                 info!(log, "send refused"; "error" => "idempotency_key_reused", "status" => 422, "latency_us" => us());
@@ -189,11 +189,11 @@ async fn send_message(
         Ok(sent) => {
             info!(log, "send accepted"; "log_id" => sent.log_id, "message_id" => &sent.message_id,
                   "type" => &sent.message_type, "status" => 200, "latency_us" => us());
-            error::send_answer(&result)
+            answer::send_answer(&result)
         }
         Err(SendError::KeyRevoked) => {
             info!(log, "send refused"; "error" => "revoked_api_key", "status" => 401, "latency_us" => us());
-            error::error_answer(&auth::revoked(&key))
+            answer::error_answer(&auth::revoked(&key))
         }
         Err(e) => {
             let api = ApiError::from(e);
@@ -203,7 +203,7 @@ async fn send_message(
             } else {
                 info!(log, "send refused"; "error" => api.code, "status" => api.status.as_u16(), "latency_us" => us());
             }
-            error::error_answer(&api)
+            answer::error_answer(&api)
         }
     };
     Ok(reply(answer))

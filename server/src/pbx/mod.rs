@@ -20,8 +20,9 @@ pub mod auth;
 pub mod template;
 
 use crate::config::PbxSettings;
+use crate::phone;
 use crate::provider::ProviderError;
-use crate::send::{SendError, SendInput, Sender, phone};
+use crate::send::{SendError, SendInput, Sender};
 use crate::store::{Admission, Claim, IdemOwner, PbxAdmit, PbxEvent, PbxIntegration, RateCheck, Store, now_ms};
 use auth::AuthFailure;
 use gateway_api::{ApiError, ErrorBody, MessagePurpose, PbxEventType, PbxWebhookRequest, PbxWebhookResponse};
@@ -435,7 +436,7 @@ impl Webhook<'_> {
                 ..Default::default()
             },
             idempotency: attempt_key
-                .map(|owner| crate::send::Idempotency { owner, render: crate::http::error::send_answer }),
+                .map(|owner| crate::send::Idempotency { owner, render: crate::send::answer::send_answer }),
             trace: self.trace.clone(),
             progress: Default::default(),
         };
@@ -451,7 +452,7 @@ impl Webhook<'_> {
                 {
                     warn!(log, "ending a cooldown after a failed send failed"; "error" => %release);
                 }
-                Err(crate::http::error::pbx_send_error(e, out.phone_field))
+                Err(crate::send::answer::pbx_send_error(e, out.phone_field))
             }
         }
     }
@@ -476,7 +477,7 @@ impl Webhook<'_> {
             if orphaned {
                 return self.resolve_orphan(&first, phone_field).await;
             }
-            let e = crate::http::error::pbx_send_error(SendError::IdempotencyInProgress, phone_field);
+            let e = crate::send::answer::pbx_send_error(SendError::IdempotencyInProgress, phone_field);
             return Ok(Repeat::Answer(Err(e)));
         }
         let stored = first.response.as_deref().unwrap_or("{}");
@@ -501,9 +502,9 @@ impl Webhook<'_> {
             return Ok(Repeat::Cleared);
         }
         warn!(self.log, "pbx event orphaned at the provider; its outcome is unknown"; "first_event" => event.id);
-        self.store.sweep_orphans(now_ms(), crate::http::error::orphan_answer()).await?;
+        self.store.sweep_orphans(now_ms(), crate::send::answer::orphan_answer()).await?;
         let unknown = ProviderError::OutcomeUnknown(crate::store::ORPHAN_REASON.into());
-        let e = crate::http::error::pbx_send_error(SendError::Provider(unknown), phone_field);
+        let e = crate::send::answer::pbx_send_error(SendError::Provider(unknown), phone_field);
         let row = PbxEvent { external_message_id: Some(external), ..outcome_row(event, "refused", Err(&e)) };
         self.store.finish_pbx_event(event.id, &row).await?;
         Ok(Repeat::Answer(Err(e)))

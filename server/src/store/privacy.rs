@@ -15,7 +15,7 @@
 //! name message and log ids) and expire within 24 hours.
 
 use super::{Store, StoreError};
-use crate::send::phone;
+use crate::phone;
 use serde::Serialize;
 use sqlx::Row;
 

@@ -10,7 +10,7 @@
 //! decision, a suppression (an opt-out is kept for as long as the customer exists).
 
 use super::writer::{Exec, Statement};
-use super::{Backend, Store, StoreError, now_ms};
+use super::{Backend, Store, StoreError};
 use rusqlite::types::Value as SqlValue;
 use serde::Serialize;
 use std::sync::LazyLock;
@@ -40,26 +40,6 @@ pub struct RetentionPlan {
     pub pbx_events_before: i64,
     /// Replayed PBX signatures are remembered this far back.
     pub pbx_signatures_before_seconds: i64,
-}
-
-impl RetentionPlan {
-    /// The plan of `config` at `now`.
-    pub fn new(config: &crate::config::Config, now: i64) -> RetentionPlan {
-        use crate::bounds::{days_ms, hours_ms};
-        let r = &config.retention;
-        RetentionPlan {
-            now,
-            message_log_before: now.saturating_sub(days_ms(r.message_log_days)),
-            inbound_before: now.saturating_sub(days_ms(r.inbound_days)),
-            provider_events_applied_before: now.saturating_sub(hours_ms(r.provider_events_hours)),
-            provider_events_failed_before: now.saturating_sub(days_ms(r.failed_provider_events_days)),
-            review_before: now.saturating_sub(days_ms(r.review_days)),
-            contacts_before: now.saturating_sub(days_ms(r.contacts_days)),
-            webhooks_before: now.saturating_sub(days_ms(config.webhooks.retention_days)),
-            pbx_events_before: now.saturating_sub(days_ms(config.pbx.event_retention_days)),
-            pbx_signatures_before_seconds: (now / 1000).saturating_sub(2 * crate::pbx::auth::TOLERANCE_SECONDS),
-        }
-    }
 }
 
 /// The delete of one batch of a step's rows, on SQLite and on PostgreSQL, made once
@@ -176,10 +156,5 @@ impl Store {
             }
         }
         Ok(report)
-    }
-
-    /// `run_retention` at the current time for `config`.
-    pub async fn run_retention_now(&self, config: &crate::config::Config) -> Result<Vec<Pruned>, StoreError> {
-        self.run_retention(&RetentionPlan::new(config, now_ms())).await
     }
 }
