@@ -1,5 +1,5 @@
 //! Why a send did not go out: the pipeline's error, its specification code, and how
-//! the send counter labels it. Mapped to the wire in `http/error.rs`.
+//! the send counter labels it. Mapped to the wire in `answer.rs`.
 
 use crate::provider::ProviderError;
 use crate::store::{PlanStatus, StoreError};
@@ -26,7 +26,7 @@ pub const OUTCOMES: &[(&str, &str)] = &[
     ("refused", "idempotency_request_in_progress"),
 ];
 
-/// Why a send did not go out. Mapped to the wire in `http/error.rs`.
+/// Why a send did not go out. Mapped to the wire in `answer.rs`.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
     #[error("{reason}")]

@@ -22,7 +22,8 @@
 //!
 //! Each stage is a room of its own: `schema`, `verdicts` (the policy stages), `limits`
 //! (velocity and quota counters), `outcome` (the row, the event and the settle),
-//! `settle` (the guard of a written attempt), `idempotency`, and `error`.
+//! `settle` (the guard of a written attempt), `idempotency`, `error`, and `answer` (the
+//! wire answers, kept for idempotency keys too).
 
 pub mod answer;
 mod error;
