@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
             let _ = gateway_api::PbxEventType::parse(event);
         }
         for phone in [&request.to, &request.customer_phone].into_iter().flatten() {
-            let _ = gateway_server::send::phone::normalize(phone);
+            let _ = gateway_server::phone::normalize(phone);
         }
     }
 });
