@@ -45,8 +45,7 @@ pub(super) async fn owned_post(
     id: &str,
     action: Action,
 ) -> Result<(Form, Viewer, Instance), DashError> {
-    let form = Form::parse(rqctx, body)?;
-    let viewer = session::post_viewer(rqctx, &form, action).await?;
+    let (form, viewer) = session::post_form(rqctx, body, action).await?;
     let instance = owned(rqctx, &viewer, id).await?;
     Ok((form, viewer, instance))
 }
@@ -130,8 +129,7 @@ async fn list_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) -> Res
 #[endpoint { method = POST, path = "/instances", unpublished = true }]
 async fn instances_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::CreateInstance).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::CreateInstance).await?;
         let state = rqctx.context();
         match ops::create_instance(&state.store, &state.config, viewer.customer_id()?, form.get("name"), false).await {
             Ok(instance) => {

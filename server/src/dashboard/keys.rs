@@ -5,7 +5,7 @@
 use super::roles::Action;
 use super::session::{self, Viewer};
 use super::views::{self, Notice};
-use super::{Ctx, DashError, Form, PAGE_SIZE, html, page, page_number, query, when};
+use super::{Ctx, DashError, PAGE_SIZE, html, page, page_number, query, when};
 use crate::ops;
 use dropshot::{Body, HttpError, Path, UntypedBody, endpoint};
 use http::{Response, StatusCode};
@@ -81,8 +81,7 @@ async fn keys_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
 #[endpoint { method = POST, path = "/api-keys", unpublished = true }]
 async fn keys_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManageKeys).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ManageKeys).await?;
         let name = form.get("name");
         if name.is_empty() || name.chars().count() > 64 {
             let notice = Notice::Error("Give the key a name of 1 to 64 characters.".into());
@@ -102,8 +101,7 @@ async fn keys_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, Http
 #[endpoint { method = POST, path = "/api-keys/{id}/revoke", unpublished = true }]
 async fn key_revoke_post(rqctx: Ctx, path: Path<KeyPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManageKeys).await?;
+        let (_, viewer) = session::post_form(&rqctx, &body, Action::ManageKeys).await?;
         let store = &rqctx.context().store;
         let id = path.into_inner().id;
         let key = store.api_key(&id).await?.filter(|k| k.customer_id == viewer.customer_id().unwrap_or(""));

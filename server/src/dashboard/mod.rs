@@ -9,7 +9,8 @@
 //! exactly as missing ones (404), so ids cannot be probed. State changes are POSTs of
 //! `application/x-www-form-urlencoded` forms that carry the session's synchronizer
 //! token (`csrf`), and a POST that a browser marks `Sec-Fetch-Site: cross-site` (or
-//! `same-site`) is refused before anything else (see `csrf`).
+//! `same-site`) is refused before anything else (see `csrf`). A signed-in POST handler
+//! starts with [`session::post_form`], which makes these checks in a fixed order.
 //!
 //! Pages work without JavaScript; one small script (`assets/dashboard.js`) polls
 //! `/instances/{id}/status.json` on the instance page so the QR and the connection

@@ -33,9 +33,9 @@ pub(super) async fn operator_viewer(rqctx: &Ctx) -> Result<Viewer, DashError> {
     Ok(viewer)
 }
 
-/// An operator behind a POST (fetch metadata, token, role).
-pub(super) async fn operator_post(rqctx: &Ctx, form: &Form) -> Result<Viewer, DashError> {
-    session::post_viewer(rqctx, form, Action::Operate).await
+/// The form of an operator's POST and the operator (see `session::post_form`).
+pub(super) async fn operator_post(rqctx: &Ctx, body: &UntypedBody) -> Result<(Form, Viewer), DashError> {
+    session::post_form(rqctx, body, Action::Operate).await
 }
 
 /// The customers list.
@@ -123,8 +123,7 @@ async fn customers_page(
 #[endpoint { method = POST, path = "/operator/customers", unpublished = true }]
 async fn customer_create_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (form, viewer) = operator_post(&rqctx, &body).await?;
         let plan = Some(form.get("plan")).filter(|p| *p != "none");
         let customer = ops::create_customer(&rqctx.context().store, form.get("name"), plan, false).await?;
         info!(rqctx.log, "customer created"; "by" => &viewer.user.id, "customer_id" => &customer.id);
@@ -280,8 +279,7 @@ fn done_text(code: &str) -> Option<&'static str> {
 #[endpoint { method = POST, path = "/operator/customers/{id}/approve", unpublished = true }]
 async fn approve_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (_, viewer) = operator_post(&rqctx, &body).await?;
         let store = &rqctx.context().store;
         let customer = store.customer(&path.into_inner().id).await?;
         if customer.plan_status(now_ms()) != PlanStatus::PendingApproval {
@@ -299,8 +297,7 @@ async fn approve_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Resu
 #[endpoint { method = POST, path = "/operator/customers/{id}/plan", unpublished = true }]
 async fn plan_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (form, viewer) = operator_post(&rqctx, &body).await?;
         let store = &rqctx.context().store;
         let customer = store.customer(&path.into_inner().id).await?;
         ops::assign_plan(store, &customer.id, form.get("plan"), form.get("approve") == "on").await?;
@@ -314,8 +311,7 @@ async fn plan_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result<
 #[endpoint { method = POST, path = "/operator/customers/{id}/modules", unpublished = true }]
 async fn modules_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (form, viewer) = operator_post(&rqctx, &body).await?;
         let store = &rqctx.context().store;
         let customer = store.customer(&path.into_inner().id).await?;
         store.set_modules(&customer.id, Some(form.get("api") == "on"), Some(form.get("pbx") == "on")).await?;
@@ -329,8 +325,7 @@ async fn modules_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Resu
 #[endpoint { method = POST, path = "/operator/customers/{id}/limits", unpublished = true }]
 async fn limits_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (form, viewer) = operator_post(&rqctx, &body).await?;
         let store = &rqctx.context().store;
         let customer = store.customer(&path.into_inner().id).await?;
         let number = |name: &str| -> Result<Option<i64>, DashError> {
@@ -356,8 +351,7 @@ async fn limits_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Resul
 #[endpoint { method = POST, path = "/operator/customers/{id}/invite", unpublished = true }]
 async fn customer_invite_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (form, viewer) = operator_post(&rqctx, &body).await?;
         let state = rqctx.context();
         let customer = state.store.customer(&path.into_inner().id).await?;
         let role = Role::parse(form.get("role")).filter(|r| *r != Role::Operator).ok_or(DashError::Forbidden)?;
@@ -412,8 +406,7 @@ async fn instances_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
 #[endpoint { method = POST, path = "/operator/instances/{id}/pause", unpublished = true }]
 async fn pause_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (form, viewer) = operator_post(&rqctx, &body).await?;
         let reason: String = form.opt("reason").unwrap_or("review").chars().take(200).collect();
         let instance = rqctx.context().store.set_paused(&path.into_inner().id, true, Some(&reason)).await?;
         info!(rqctx.log, "instance paused"; "by" => &viewer.user.id, "instance_id" => &instance.id);
@@ -426,8 +419,7 @@ async fn pause_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result
 #[endpoint { method = POST, path = "/operator/instances/{id}/resume", unpublished = true }]
 async fn resume_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (_, viewer) = operator_post(&rqctx, &body).await?;
         let instance = rqctx.context().store.set_paused(&path.into_inner().id, false, None).await?;
         info!(rqctx.log, "instance resumed"; "by" => &viewer.user.id, "instance_id" => &instance.id);
         Ok(redirect("/operator/instances?done=resumed"))

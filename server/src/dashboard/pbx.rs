@@ -198,8 +198,7 @@ fn secrets_box(answer: &serde_json::Value) -> Markup {
 #[endpoint { method = POST, path = "/integrations/pbx", unpublished = true }]
 async fn pbx_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManagePbxSecrets).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ManagePbxSecrets).await?;
         let customer_id = viewer.customer_id()?.to_string();
         let store = &rqctx.context().store;
         // Only the customer's own instance (by id): `create_pbx` looks it up within the customer.
@@ -218,8 +217,7 @@ async fn pbx_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpE
 #[endpoint { method = POST, path = "/integrations/pbx/rotate-secret", unpublished = true }]
 async fn pbx_rotate_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManagePbxSecrets).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ManagePbxSecrets).await?;
         let integration = owned(&rqctx, &viewer, form.get("integration")).await?;
         let answer = ops::rotate_pbx_secret(&rqctx.context().store, integration.id, form.get("hmac") == "on").await?;
         info!(rqctx.log, "pbx secret rotated"; "user_id" => &viewer.user.id, "integration_id" => integration.id);
@@ -239,8 +237,7 @@ fn number(form: &Form, name: &str) -> Result<Option<i64>, DashError> {
 #[endpoint { method = POST, path = "/integrations/pbx/settings", unpublished = true }]
 async fn pbx_settings_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ConfigurePbx).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ConfigurePbx).await?;
         let integration = owned(&rqctx, &viewer, form.get("integration")).await?;
         let update = PbxSettingsUpdate {
             business_name: Some(form.opt("business_name").map(str::to_string)),
@@ -267,8 +264,7 @@ async fn pbx_settings_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Bod
 #[endpoint { method = POST, path = "/integrations/pbx/template", unpublished = true }]
 async fn pbx_template_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ConfigurePbx).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ConfigurePbx).await?;
         let integration = owned(&rqctx, &viewer, form.get("integration")).await?;
         let store = &rqctx.context().store;
         if let Err(e) =
@@ -286,8 +282,7 @@ async fn pbx_template_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Bod
 #[endpoint { method = POST, path = "/integrations/pbx/template/remove", unpublished = true }]
 async fn pbx_template_remove_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ConfigurePbx).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ConfigurePbx).await?;
         let integration = owned(&rqctx, &viewer, form.get("integration")).await?;
         rqctx.context().store.remove_pbx_template(integration.id, form.get("event")).await?;
         Ok(redirect("/integrations/pbx?done=template_removed"))

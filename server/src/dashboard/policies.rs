@@ -12,7 +12,7 @@
 use super::operator::{operator_post, operator_viewer};
 use super::session::Viewer;
 use super::views::{self, Notice};
-use super::{Ctx, DashError, Form, PAGE_SIZE, before_id, html, page, query, redirect, when};
+use super::{Ctx, DashError, PAGE_SIZE, before_id, html, page, query, redirect, when};
 use crate::policy::reload::HostStatus;
 use crate::policy::tools::ToolError;
 use crate::store::{ReviewEntry, now_ms};
@@ -141,8 +141,7 @@ async fn review_decide_post(
     body: UntypedBody,
 ) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (form, viewer) = operator_post(&rqctx, &body).await?;
         let verdict = match form.get("verdict") {
             v @ ("dismissed" | "confirmed") => v,
             _ => return Err(DashError::BadRequest("Choose dismiss or confirm.".into())),
@@ -240,8 +239,7 @@ async fn policies_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) ->
 #[endpoint { method = POST, path = "/operator/policies/reload", unpublished = true }]
 async fn policies_reload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (_, viewer) = operator_post(&rqctx, &body).await?;
         let id = rqctx.context().store.add_policy_command("reload", None).await?;
         info!(rqctx.log, "policy reload requested"; "by" => &viewer.user.id, "command_id" => id);
         Ok(redirect("/operator/policies?done=reload"))
@@ -253,8 +251,7 @@ async fn policies_reload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<
 #[endpoint { method = POST, path = "/operator/policies/rollback", unpublished = true }]
 async fn policies_rollback_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (form, viewer) = operator_post(&rqctx, &body).await?;
         let name = form.get("name");
         if name.is_empty() || name.len() > 64 {
             return Err(DashError::BadRequest("Which module?".into()));
@@ -277,8 +274,7 @@ async fn policies_rollback_post(rqctx: Ctx, body: UntypedBody) -> Result<Respons
 }]
 async fn policies_upload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = operator_post(&rqctx, &form).await?;
+        let (form, viewer) = operator_post(&rqctx, &body).await?;
         let state = rqctx.context();
         let host = state.policies.as_ref().map(|p| p.host().clone()).ok_or_else(|| {
             DashError::BadRequest("This gateway runs no policy host to check the module with.".into())

@@ -13,6 +13,7 @@
 use super::roles::{Action, Role};
 use super::{Ctx, DashError, Form, csrf};
 use crate::store::{Customer, DashSession, DashUser, now_ms};
+use dropshot::UntypedBody;
 use http::header;
 use std::collections::HashMap;
 
@@ -145,14 +146,16 @@ pub async fn customer_viewer(rqctx: &Ctx, action: Action) -> Result<Viewer, Dash
     Ok(viewer)
 }
 
-/// The signed-in person behind a POST: fetch metadata first, then the session, its
-/// synchronizer token, and the role's permission for `action`.
-pub async fn post_viewer(rqctx: &Ctx, form: &Form, action: Action) -> Result<Viewer, DashError> {
+/// The form of a signed-in person's POST and that person, checked in this order: the
+/// form's type and encoding (415, 400), fetch metadata (403), the session (to the
+/// sign-in page), its synchronizer token (403), the role's permission for `action` (403).
+pub async fn post_form(rqctx: &Ctx, body: &UntypedBody, action: Action) -> Result<(Form, Viewer), DashError> {
+    let form = Form::parse(rqctx, body)?;
     csrf::check_fetch_site(rqctx)?;
     let viewer = viewer(rqctx).await?;
     if !csrf::same_token(&viewer.csrf, form.raw("csrf")) {
         return Err(DashError::Csrf);
     }
     viewer.require(action)?;
-    Ok(viewer)
+    Ok((form, viewer))
 }

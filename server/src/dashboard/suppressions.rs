@@ -12,7 +12,7 @@ use super::export::cell;
 use super::roles::Action;
 use super::session::{self, Viewer};
 use super::views::{self, Notice};
-use super::{Ctx, DashError, Form, PAGE_SIZE, html, page, page_number, query, when};
+use super::{Ctx, DashError, PAGE_SIZE, html, page, page_number, query, when};
 use crate::phone;
 use dropshot::{Body, HttpError, UntypedBody, endpoint};
 use http::{HeaderValue, Response, StatusCode, header};
@@ -113,8 +113,7 @@ async fn suppressions_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
 #[endpoint { method = POST, path = "/suppressed-recipients", unpublished = true }]
 async fn suppressions_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManageSuppressions).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ManageSuppressions).await?;
         let Some(number) = phone::normalize(form.get("phone")) else {
             let notice =
                 Notice::Error(format!("{:?} is not a phone number in international format.", form.get("phone")));
@@ -132,8 +131,7 @@ async fn suppressions_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Bod
 #[endpoint { method = POST, path = "/suppressed-recipients/remove", unpublished = true }]
 async fn suppressions_remove_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManageSuppressions).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ManageSuppressions).await?;
         let removed = rqctx.context().store.remove_suppression(viewer.customer_id()?, form.get("phone")).await?;
         if !removed {
             return Err(DashError::NotFound);
@@ -183,8 +181,7 @@ pub fn parse_import(text: &str) -> (Vec<(String, String)>, Vec<String>) {
 #[endpoint { method = POST, path = "/suppressed-recipients/import", unpublished = true, request_body_max_bytes = 1_048_576 }]
 async fn suppressions_import_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManageSuppressions).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ManageSuppressions).await?;
         let (rows, problems) = parse_import(form.raw("csv"));
         let added = rqctx.context().store.import_suppressions(viewer.customer_id()?, &rows, "import").await?;
         info!(rqctx.log, "suppressions imported"; "user_id" => &viewer.user.id, "rows" => rows.len(), "added" => added);

@@ -7,7 +7,7 @@ use super::accounts;
 use super::roles::{Action, Role};
 use super::session::{self, Viewer};
 use super::views::{self, Notice};
-use super::{Ctx, DashError, Form, PAGE_SIZE, html, page, page_number, query, redirect, when};
+use super::{Ctx, DashError, PAGE_SIZE, html, page, page_number, query, redirect, when};
 use crate::store::DashUser;
 use dropshot::{Body, HttpError, Path, UntypedBody, endpoint};
 use http::{Response, StatusCode};
@@ -128,8 +128,7 @@ fn link_box(email: &str, link: &str) -> Markup {
 #[endpoint { method = POST, path = "/users", unpublished = true }]
 async fn invite_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManageUsers).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ManageUsers).await?;
         let role = Role::parse(form.get("role")).filter(|r| viewer.role.may_manage_role(*r)).ok_or(DashError::Forbidden)?;
         let state = rqctx.context();
         let created =
@@ -174,8 +173,7 @@ fn keep_an_owner(done: bool) -> Result<(), DashError> {
 #[endpoint { method = POST, path = "/users/{id}/role", unpublished = true }]
 async fn role_post(rqctx: Ctx, path: Path<UserPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManageUsers).await?;
+        let (form, viewer) = session::post_form(&rqctx, &body, Action::ManageUsers).await?;
         let user = manageable(&rqctx, &viewer, &path.into_inner().id).await?;
         let role = Role::parse(form.get("role")).filter(|r| viewer.role.may_manage_role(*r) && *r != Role::Operator);
         let role = role.ok_or(DashError::Forbidden)?;
@@ -190,8 +188,7 @@ async fn role_post(rqctx: Ctx, path: Path<UserPath>, body: UntypedBody) -> Resul
 #[endpoint { method = POST, path = "/users/{id}/remove", unpublished = true }]
 async fn remove_post(rqctx: Ctx, path: Path<UserPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManageUsers).await?;
+        let (_, viewer) = session::post_form(&rqctx, &body, Action::ManageUsers).await?;
         let user = manageable(&rqctx, &viewer, &path.into_inner().id).await?;
         keep_an_owner(rqctx.context().store.disable_user(&user.id).await?)?;
         info!(rqctx.log, "user removed"; "by" => &viewer.user.id, "user_id" => &user.id);
@@ -204,8 +201,7 @@ async fn remove_post(rqctx: Ctx, path: Path<UserPath>, body: UntypedBody) -> Res
 #[endpoint { method = POST, path = "/users/{id}/link", unpublished = true }]
 async fn link_post(rqctx: Ctx, path: Path<UserPath>, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        let viewer = session::post_viewer(&rqctx, &form, Action::ManageUsers).await?;
+        let (_, viewer) = session::post_form(&rqctx, &body, Action::ManageUsers).await?;
         let user = manageable(&rqctx, &viewer, &path.into_inner().id).await?;
         let state = rqctx.context();
         let link = accounts::new_link(&state.store, &state.config, &user).await?;
