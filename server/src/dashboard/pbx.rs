@@ -21,14 +21,21 @@ use http::{Response, StatusCode};
 use maud::{Markup, html};
 use slog::info;
 
-/// The integration `id` if it belongs to the viewer's customer (else 404).
-async fn owned(rqctx: &Ctx, viewer: &Viewer, id: &str) -> Result<PbxIntegration, DashError> {
-    let id: i64 = id.trim().parse().map_err(|_| DashError::NotFound)?;
+/// A POST about one of the viewer's integrations (the form's `integration`): the form,
+/// the viewer (see `session::post_form`) and the integration (404 when it is another
+/// customer's, the same answer as for an id that does not exist).
+async fn owned_post(
+    rqctx: &Ctx,
+    body: &UntypedBody,
+    action: Action,
+) -> Result<(Form, Viewer, PbxIntegration), DashError> {
+    let (form, viewer) = session::post_form(rqctx, body, action).await?;
+    let id: i64 = form.get("integration").parse().map_err(|_| DashError::NotFound)?;
     let integration = rqctx.context().store.pbx_integration(id).await?.ok_or(DashError::NotFound)?;
     if integration.customer_id != viewer.customer_id()? {
         return Err(DashError::NotFound);
     }
-    Ok(integration)
+    Ok((form, viewer, integration))
 }
 
 async fn render(
@@ -217,8 +224,7 @@ async fn pbx_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpE
 #[endpoint { method = POST, path = "/integrations/pbx/rotate-secret", unpublished = true }]
 async fn pbx_rotate_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let (form, viewer) = session::post_form(&rqctx, &body, Action::ManagePbxSecrets).await?;
-        let integration = owned(&rqctx, &viewer, form.get("integration")).await?;
+        let (form, viewer, integration) = owned_post(&rqctx, &body, Action::ManagePbxSecrets).await?;
         let answer = ops::rotate_pbx_secret(&rqctx.context().store, integration.id, form.get("hmac") == "on").await?;
         info!(rqctx.log, "pbx secret rotated"; "user_id" => &viewer.user.id, "integration_id" => integration.id);
         let notice = Notice::Ok("New secrets issued; the old ones no longer work.".into());
@@ -237,8 +243,7 @@ fn number(form: &Form, name: &str) -> Result<Option<i64>, DashError> {
 #[endpoint { method = POST, path = "/integrations/pbx/settings", unpublished = true }]
 async fn pbx_settings_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let (form, viewer) = session::post_form(&rqctx, &body, Action::ConfigurePbx).await?;
-        let integration = owned(&rqctx, &viewer, form.get("integration")).await?;
+        let (form, viewer, integration) = owned_post(&rqctx, &body, Action::ConfigurePbx).await?;
         let update = PbxSettingsUpdate {
             business_name: Some(form.opt("business_name").map(str::to_string)),
             rate_per_minute: number(&form, "rate_per_minute")?.map(Some),
@@ -264,8 +269,7 @@ async fn pbx_settings_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Bod
 #[endpoint { method = POST, path = "/integrations/pbx/template", unpublished = true }]
 async fn pbx_template_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let (form, viewer) = session::post_form(&rqctx, &body, Action::ConfigurePbx).await?;
-        let integration = owned(&rqctx, &viewer, form.get("integration")).await?;
+        let (form, viewer, integration) = owned_post(&rqctx, &body, Action::ConfigurePbx).await?;
         let store = &rqctx.context().store;
         if let Err(e) =
             ops::set_pbx_template(store, integration.id, form.get("event"), form.get("text"), form.get("purpose")).await
@@ -282,8 +286,7 @@ async fn pbx_template_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Bod
 #[endpoint { method = POST, path = "/integrations/pbx/template/remove", unpublished = true }]
 async fn pbx_template_remove_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let (form, viewer) = session::post_form(&rqctx, &body, Action::ConfigurePbx).await?;
-        let integration = owned(&rqctx, &viewer, form.get("integration")).await?;
+        let (form, _, integration) = owned_post(&rqctx, &body, Action::ConfigurePbx).await?;
         rqctx.context().store.remove_pbx_template(integration.id, form.get("event")).await?;
         Ok(redirect("/integrations/pbx?done=template_removed"))
     })
