@@ -40,12 +40,15 @@ fn pre_session(rqctx: &Ctx) -> (String, Option<String>) {
     }
 }
 
-/// Checks a sign-in form: fetch metadata, then its token against the pre-session cookie.
-async fn check_pre_session(rqctx: &Ctx, form: &Form) -> Result<(), DashError> {
+/// The form of a POST before there is a session (sign-in, invitation), checked in this
+/// order: its type and encoding (415, 400), fetch metadata, then its token against the
+/// pre-session cookie (403).
+async fn pre_session_form(rqctx: &Ctx, body: &UntypedBody) -> Result<Form, DashError> {
+    let form = Form::parse(rqctx, body)?;
     csrf::check_fetch_site(rqctx)?;
     let pre = session::cookies(rqctx).remove(PRE_COOKIE).ok_or(DashError::Csrf)?;
     let expected = csrf::login_token(&csrf::login_key(rqctx).await?, &pre);
-    if csrf::same_token(&expected, form.raw("csrf")) { Ok(()) } else { Err(DashError::Csrf) }
+    if csrf::same_token(&expected, form.raw("csrf")) { Ok(form) } else { Err(DashError::Csrf) }
 }
 
 /// A sign-in form page with a fresh or kept pre-session.
@@ -132,8 +135,7 @@ async fn refused_page(rqctx: &Ctx, refusal: DashError, email: &str) -> Result<Re
 #[endpoint { method = POST, path = "/login", unpublished = true }]
 async fn login_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        check_pre_session(&rqctx, &form).await?;
+        let form = pre_session_form(&rqctx, &body).await?;
         let email = form.get("email").to_lowercase();
         let metrics = crate::metrics::get();
         let source = client_addr::source_key(client_ip(&rqctx));
@@ -181,6 +183,19 @@ async fn partial(rqctx: &Ctx, stage: &str) -> Result<Option<DashSession>, DashEr
     Ok(session::current(rqctx).await?.filter(|s| s.stage == stage))
 }
 
+/// The form of a half-done sign-in's POST and its session, checked in this order: the
+/// form's type and encoding (415, 400), fetch metadata (403), the session at `stage`
+/// (None: the caller starts over at `/login`), its synchronizer token (403).
+async fn partial_post(rqctx: &Ctx, body: &UntypedBody, stage: &str) -> Result<Option<(Form, DashSession)>, DashError> {
+    let form = Form::parse(rqctx, body)?;
+    csrf::check_fetch_site(rqctx)?;
+    let Some(s) = partial(rqctx, stage).await? else { return Ok(None) };
+    if !csrf::same_token(&s.csrf_token, form.raw("csrf")) {
+        return Err(DashError::Csrf);
+    }
+    Ok(Some((form, s)))
+}
+
 fn mfa_form(csrf: &str) -> Markup {
     html! {
         form.stack.card method="post" action="/login/mfa" {
@@ -218,12 +233,7 @@ async fn complete_sign_in(rqctx: &Ctx, user: &DashUser) -> Result<Vec<String>, D
 #[endpoint { method = POST, path = "/login/mfa", unpublished = true }]
 async fn mfa_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        csrf::check_fetch_site(&rqctx)?;
-        let Some(s) = partial(&rqctx, "mfa").await? else { return Ok(redirect("/login")) };
-        if !csrf::same_token(&s.csrf_token, form.raw("csrf")) {
-            return Err(DashError::Csrf);
-        }
+        let Some((form, s)) = partial_post(&rqctx, &body, "mfa").await? else { return Ok(redirect("/login")) };
         let store = &rqctx.context().store;
         let user = &s.user;
         let bucket = bucket(&rqctx, &user.email, Some(user)).await?;
@@ -328,12 +338,7 @@ async fn enroll_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
 #[endpoint { method = POST, path = "/login/enroll", unpublished = true }]
 async fn enroll_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        csrf::check_fetch_site(&rqctx)?;
-        let Some(s) = partial(&rqctx, "enroll").await? else { return Ok(redirect("/login")) };
-        if !csrf::same_token(&s.csrf_token, form.raw("csrf")) {
-            return Err(DashError::Csrf);
-        }
+        let Some((form, s)) = partial_post(&rqctx, &body, "enroll").await? else { return Ok(redirect("/login")) };
         let Some(secret) = s.pending_totp.clone() else { return Ok(redirect("/login/enroll")) };
         let store = &rqctx.context().store;
         let bucket = bucket(&rqctx, &s.user.email, Some(&s.user)).await?;
@@ -391,8 +396,7 @@ async fn invite_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
 #[endpoint { method = POST, path = "/invite", unpublished = true }]
 async fn invite_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
-        let form = Form::parse(&rqctx, &body)?;
-        check_pre_session(&rqctx, &form).await?;
+        let form = pre_session_form(&rqctx, &body).await?;
         let store = &rqctx.context().store;
         let code = form.get("token").trim_start_matches('#').to_string();
         let token_hash = auth::token_hash(&code);
