@@ -5,7 +5,7 @@
 //! `scripts/test` installs `chromium` and `chromium-driver` when they are missing. The
 //! binaries can be named with `CHROMEDRIVER` and `CHROMIUM`. With
 //! `GATEWAY_SCREENSHOTS=DIR` the tests save their screenshots of the main pages there
-//! (the README's pictures come from `GATEWAY_SCREENSHOTS=docs/screenshots`).
+//! (the pictures of docs/dashboard.md come from `GATEWAY_SCREENSHOTS=docs/screenshots`).
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use std::process::Stdio;

@@ -24,7 +24,7 @@ const DAILY_LIMIT: usize = 150;
 const CLIENTS: usize = 8;
 
 /// The committed `deploy/haproxy/haproxy.cfg`, its addresses replaced by loopback ports:
-/// what the README tells operators to run is what this test runs.
+/// what docs/deployment.md tells operators to run is what this test runs.
 fn haproxy_config(port: u16, stats: u16, a: u16, b: u16) -> String {
     let committed = include_str!("../../deploy/haproxy/haproxy.cfg");
     let replaced = committed

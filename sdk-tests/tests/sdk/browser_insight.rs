@@ -2,7 +2,7 @@
 //! state after the simulator reports it read, its detail, every chart drawn with its
 //! name and numbers, every page at 1280x800 and at phone width without sideways
 //! scrolling (long codes, ids and reasons in the data), and the CSV export the page
-//! links to. With `GATEWAY_SCREENSHOTS=DIR` the pages are saved for the README.
+//! links to. With `GATEWAY_SCREENSHOTS=DIR` the pages are saved for docs/dashboard.md.
 
 use crate::browser::sign_in;
 use gateway_sdk_tests::TestContext;
