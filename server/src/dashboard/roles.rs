@@ -1,4 +1,4 @@
-//! Roles and what each may do: the one table every handler asks (and the README's
+//! Roles and what each may do: the one table every handler asks (and docs/dashboard.md's
 //! table is checked against it by a test).
 //!
 //! Customer side: owner, admin, developer, viewer. Viewers read everything of their
@@ -96,7 +96,7 @@ pub enum Action {
 }
 
 impl Action {
-    /// Every action, in the README table's order, with its description there.
+    /// Every action, in the order of the table in docs/dashboard.md, with its description there.
     pub const ALL: [(Action, &'static str); 11] = [
         (Action::Read, "see instances, message log, inbound messages, usage, keys (prefixes), users"),
         (Action::CreateInstance, "create instances"),
@@ -135,20 +135,20 @@ mod tests {
         assert!(!Role::Developer.may_manage_role(Role::Viewer));
     }
 
-    /// The README's table of who may do what says what this module does.
+    /// The table in docs/dashboard.md of who may do what says what this module does.
     #[test]
-    fn readme_role_table_matches() {
-        let readme = include_str!("../../../README.md");
+    fn documented_role_table_matches() {
+        let doc = include_str!("../../../docs/dashboard.md");
         for (action, description) in Action::ALL {
-            let row = readme
+            let row = doc
                 .lines()
                 .find(|l| l.starts_with(&format!("| {description} |")))
-                .unwrap_or_else(|| panic!("README has no row for {description:?}"));
+                .unwrap_or_else(|| panic!("docs/dashboard.md has no row for {description:?}"));
             let cells: Vec<&str> = row.split('|').map(str::trim).filter(|c| !c.is_empty()).skip(1).collect();
             let roles = [Role::Owner, Role::Admin, Role::Developer, Role::Viewer, Role::Operator];
             assert_eq!(cells.len(), roles.len(), "{row}");
             for (role, cell) in roles.iter().zip(cells) {
-                assert_eq!(cell == "yes", role.may(action), "README says {cell:?} for {role:?} / {description}");
+                assert_eq!(cell == "yes", role.may(action), "docs/dashboard.md says {cell:?} for {role:?} / {description}");
             }
         }
     }

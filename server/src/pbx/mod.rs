@@ -70,7 +70,7 @@ fn payload_error(field: &'static str, reason: impl Into<String>) -> ApiError {
 }
 
 /// What the PBX events counter is labelled with, made at 0 at start: every action,
-/// then every error code in the order the webhook checks (the README's list).
+/// then every error code in the order the webhook checks (the list in docs/pbx.md).
 pub const OUTCOMES: &[&str] = &[
     "received",
     "ignored",
