@@ -6,7 +6,11 @@
 //!   `media` required);
 //! - the PBX webhook is one of a `test` event, an `outbound_message` event (`to` and
 //!   `message_text` required) or a call event (the other types);
-//! - every string the server bounds has its length and pattern.
+//! - every string the server bounds has its length and pattern;
+//! - every branch has a `title` (`TextMessage`, `ImageMessage`, ...; `PbxTestEvent`,
+//!   ...), which generators use as the branch's type name (openapi-python-client would
+//!   otherwise name them `SendMessageRequestType0` ...; `scripts/python-client.sh`
+//!   checks the names). A title changes nothing on the wire.
 //!
 //! The server reads both bodies leniently (see `types`) and answers each rule with the
 //! specification's error code; these schemas only publish the rules. What no schema
@@ -68,11 +72,11 @@ fn text_message(g: &mut SchemaGenerator) -> Value {
     for field in ["caption", "media", "media_type", "mime_type", "file_name"] {
         p.insert(field.into(), absent("media sends"));
     }
-    json!({"description": "A text message.", "type": "object", "additionalProperties": false,
+    json!({"title": "TextMessage", "description": "A text message.", "type": "object", "additionalProperties": false,
            "required": ["instance_id", "message", "message_purpose", "phone"], "properties": p})
 }
 
-fn media_message(g: &mut SchemaGenerator, media_type: &str, mime_pattern: &str) -> Value {
+fn media_message(g: &mut SchemaGenerator, title: &str, media_type: &str, mime_pattern: &str) -> Value {
     let mut p = common(g);
     p.insert("media_type".into(), json!({"description": "Kind of media.", "type": "string", "enum": [media_type]}));
     p.insert(
@@ -100,7 +104,7 @@ fn media_message(g: &mut SchemaGenerator, media_type: &str, mime_pattern: &str) 
         json!({"description": "Media caption; overrides `message` as caption when given.", "type": "string",
                "nullable": true, "maxLength": MAX_TEXT_CHARS}),
     );
-    json!({"description": format!("A media message ({media_type})."), "type": "object",
+    json!({"title": title, "description": format!("A media message ({media_type})."), "type": "object",
            "additionalProperties": false,
            "required": ["file_name", "instance_id", "media", "media_type", "message_purpose", "mime_type", "phone"],
            "properties": p})
@@ -114,9 +118,9 @@ pub fn send_message(g: &mut SchemaGenerator) -> Schema {
                         `file_name`, `media`, optional `caption`). Unknown properties are rejected.",
         "oneOf": [
             text_message(g),
-            media_message(g, "image", "^image/(jpeg|png|webp)$"),
-            media_message(g, "audio", "^audio/(aac|mp4|mpeg|amr|ogg|opus|wav|webm)$"),
-            media_message(g, "document", document),
+            media_message(g, "ImageMessage", "image", "^image/(jpeg|png|webp)$"),
+            media_message(g, "AudioMessage", "audio", "^audio/(aac|mp4|mpeg|amr|ogg|opus|wav|webm)$"),
+            media_message(g, "DocumentMessage", "document", document),
         ]
     }))
 }
@@ -179,11 +183,11 @@ pub fn pbx_webhook(g: &mut SchemaGenerator) -> Schema {
     schema(json!({
         "description": "A call event from a phone system (PBX). Properties this version does not know are ignored.",
         "oneOf": [
-            {"description": "A test event: needs nothing.", "type": "object", "required": ["event_type"],
+            {"title": "PbxTestEvent", "description": "A test event: needs nothing.", "type": "object", "required": ["event_type"],
              "properties": test},
-            {"description": "Sends `message_text` to `to`.", "type": "object",
+            {"title": "PbxOutboundMessage", "description": "Sends `message_text` to `to`.", "type": "object",
              "required": ["event_type", "message_text", "to"], "properties": outbound},
-            {"description": "A call event: messages `customer_phone` when the integration has a template for the \
+            {"title": "PbxCallEvent", "description": "A call event: messages `customer_phone` when the integration has a template for the \
                             event type (then `customer_phone` is needed).",
              "type": "object", "required": ["event_type"], "properties": call},
         ]

@@ -78,6 +78,14 @@ fn contract_is_openapi_303_version_100() {
         let required: Vec<&str> = branch["required"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
         assert!(["instance_id", "message_purpose", "phone"].iter().all(|r| required.contains(r)), "{required:?}");
     }
+    // Each branch of both bodies has a title, which generators use as its type name
+    // (without one, openapi-python-client names them `SendMessageRequestType0` ...).
+    let titles = |name: &str| -> Vec<String> {
+        let branches = doc["components"]["schemas"][name]["oneOf"].as_array().unwrap();
+        branches.iter().map(|b| b["title"].as_str().unwrap_or("(none)").to_string()).collect()
+    };
+    assert_eq!(titles("SendMessageRequest"), ["TextMessage", "ImageMessage", "AudioMessage", "DocumentMessage"]);
+    assert_eq!(titles("PbxWebhookRequest"), ["PbxTestEvent", "PbxOutboundMessage", "PbxCallEvent"]);
 }
 
 /// Request-body changes drift cannot call compatible, each reviewed. The bodies became
