@@ -22,21 +22,14 @@ use crate::bounds;
 use crate::phone;
 use crate::store::StoreError;
 
-// The operations the dashboard and the tests name at the top level.
-pub use customers::{assign_plan, create_customer, customer_json, set_limits};
-pub use demo::{DEMO_CUSTOMER, demo};
+// The operations the dashboard and the SDK tests call by their flat names.
+pub use customers::{assign_plan, create_customer, set_limits};
 pub use instances::{
-    confirm_pairing, create_instance, create_instance_with, instance_json, instance_qr, logout_instance,
-    set_instance_age, sync_instance_state,
+    confirm_pairing, create_instance, create_instance_with, instance_qr, logout_instance, sync_instance_state,
 };
-pub use keys::{create_key, key_json};
-pub use pbx::{
-    cooldown_seconds, create_pbx, pbx_event_json, pbx_json, rotate_pbx_secret, set_pbx_template, update_pbx,
-};
-pub use reviews::review_json;
-pub use webhooks::{
-    SecretChoice, attempt_json, parse_events, rotate_webhook_secret, set_webhook, webhook_attempt_now, webhook_json,
-};
+pub use keys::create_key;
+pub use pbx::{cooldown_seconds, create_pbx, rotate_pbx_secret, set_pbx_template, update_pbx};
+pub use webhooks::{SecretChoice, rotate_webhook_secret, set_webhook, webhook_attempt_now, webhook_json};
 
 /// An operator action that could not be done.
 #[derive(Debug, thiserror::Error)]
