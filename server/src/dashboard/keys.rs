@@ -106,7 +106,7 @@ async fn key_revoke_post(rqctx: Ctx, path: Path<KeyPath>, body: UntypedBody) -> 
         let id = path.into_inner().id;
         let key = store.api_key(&id).await?.filter(|k| k.customer_id == viewer.customer_id().unwrap_or(""));
         let key = key.ok_or(DashError::NotFound)?;
-        store.revoke_api_key(&key.id).await?;
+        ops::keys::revoke_key(store, &key.id).await?;
         info!(rqctx.log, "api key revoked"; "user_id" => &viewer.user.id, "key_id" => &key.id);
         Ok(super::redirect("/api-keys?done=revoked"))
     })

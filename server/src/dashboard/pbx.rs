@@ -287,7 +287,7 @@ async fn pbx_template_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Bod
 async fn pbx_template_remove_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<Body>, HttpError> {
     page(&rqctx, async {
         let (form, _, integration) = owned_post(&rqctx, &body, Action::ConfigurePbx).await?;
-        rqctx.context().store.remove_pbx_template(integration.id, form.get("event")).await?;
+        ops::pbx::remove_pbx_template(&rqctx.context().store, integration.id, form.get("event")).await?;
         Ok(redirect("/integrations/pbx?done=template_removed"))
     })
     .await
