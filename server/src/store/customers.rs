@@ -1,6 +1,6 @@
 //! Customers (plan, modules, limit overrides) and their instances.
 
-use super::{Cols, FromCols, Store, StoreError, flag, new_id, now_ms};
+use super::{Cols, Forget, FromCols, Store, StoreError, flag, new_id, now_ms};
 use gateway_policy_model::Counters;
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
@@ -279,19 +279,14 @@ impl Store {
 
     /// Turns modules on or off (None leaves one as it is).
     pub async fn set_modules(&self, id: &str, api: Option<bool>, pbx: Option<bool>) -> Result<Customer, StoreError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE customers SET module_api = COALESCE($2, module_api), module_pbx = COALESCE($3, module_pbx) \
              WHERE id = $1",
         )
         .bind(id)
         .bind(api.map(i64::from))
-        .bind(pbx.map(i64::from))
-        .execute(&self.write)
-        .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("customer {id}")));
-        }
+        .bind(pbx.map(i64::from));
+        self.update_one(update, Forget::Cache, || format!("customer {id}")).await?;
         self.customer(id).await
     }
 
@@ -299,7 +294,7 @@ impl Store {
     /// `approve`).
     pub async fn assign_plan(&self, id: &str, plan: &str, approve: bool) -> Result<Customer, StoreError> {
         let (status, start, end) = plan_columns(Some(plan), approve, now_ms());
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE customers SET plan = $2, plan_status = $3, plan_period_start = $4, plan_period_end = $5 \
              WHERE id = $1",
         )
@@ -307,19 +302,14 @@ impl Store {
         .bind(plan)
         .bind(status)
         .bind(start)
-        .bind(end)
-        .execute(&self.write)
-        .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("customer {id}")));
-        }
+        .bind(end);
+        self.update_one(update, Forget::Cache, || format!("customer {id}")).await?;
         self.customer(id).await
     }
 
     /// Sets the given limit overrides (others unchanged).
     pub async fn set_limits(&self, id: &str, limits: &LimitOverrides) -> Result<Customer, StoreError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE customers SET daily_limit = COALESCE($2, daily_limit), \
              monthly_limit = COALESCE($3, monthly_limit), \
              instance_per_minute = COALESCE($4, instance_per_minute), \
@@ -329,13 +319,8 @@ impl Store {
         .bind(limits.daily)
         .bind(limits.monthly)
         .bind(limits.instance_per_minute)
-        .bind(limits.recipient_per_minute)
-        .execute(&self.write)
-        .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("customer {id}")));
-        }
+        .bind(limits.recipient_per_minute);
+        self.update_one(update, Forget::Cache, || format!("customer {id}")).await?;
         self.customer(id).await
     }
 
@@ -474,16 +459,11 @@ impl Store {
 
     /// Pauses an instance for review, or resumes it.
     pub async fn set_paused(&self, id: &str, paused: bool, reason: Option<&str>) -> Result<Instance, StoreError> {
-        let done = sqlx::query("UPDATE instances SET paused = $2, paused_reason = $3 WHERE id = $1")
+        let update = sqlx::query("UPDATE instances SET paused = $2, paused_reason = $3 WHERE id = $1")
             .bind(id)
             .bind(i64::from(paused))
-            .bind(if paused { reason } else { None })
-            .execute(&self.write)
-            .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("instance {id}")));
-        }
+            .bind(if paused { reason } else { None });
+        self.update_one(update, Forget::Cache, || format!("instance {id}")).await?;
         self.instance(id).await
     }
 
@@ -491,15 +471,8 @@ impl Store {
     /// pacing policy's warm-up reads): a number moved from elsewhere is not new.
     pub async fn set_instance_age(&self, id: &str, days: i64) -> Result<Instance, StoreError> {
         let created_at = now_ms().saturating_sub(crate::bounds::days_ms(days.max(0)));
-        let done = sqlx::query("UPDATE instances SET created_at = $2 WHERE id = $1")
-            .bind(id)
-            .bind(created_at)
-            .execute(&self.write)
-            .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("instance {id}")));
-        }
+        let update = sqlx::query("UPDATE instances SET created_at = $2 WHERE id = $1").bind(id).bind(created_at);
+        self.update_one(update, Forget::Cache, || format!("instance {id}")).await?;
         self.instance(id).await
     }
 

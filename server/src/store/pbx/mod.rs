@@ -11,7 +11,7 @@ mod admit;
 
 pub use admit::{Admission, PbxAdmit, RateCheck};
 
-use super::{Cols, FromCols, Store, StoreError, flag, now_ms};
+use super::{Cols, Forget, FromCols, Store, StoreError, flag, now_ms};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
@@ -205,7 +205,7 @@ impl Store {
         secret_prefix: &str,
         hmac_secret: Option<Option<&str>>,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE pbx_integrations SET secret_hash = $1, secret_prefix = $2, secret_rotated_at = $3, \
              hmac_secret = CASE WHEN $4 = 1 THEN $5 ELSE hmac_secret END WHERE id = $6",
         )
@@ -214,12 +214,8 @@ impl Store {
         .bind(now_ms())
         .bind(i64::from(hmac_secret.is_some()))
         .bind(hmac_secret.flatten().map(str::to_string))
-        .bind(id)
-        .execute(&self.write)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("PBX integration {id}")));
-        }
+        .bind(id);
+        self.update_one(update, Forget::Nothing, || format!("PBX integration {id}")).await?;
         Ok(())
     }
 
