@@ -66,8 +66,10 @@ impl Customer {
             _ => PlanStatus::None,
         }
     }
+}
 
-    pub(super) fn from_row(r: &impl Cols) -> Result<Customer, StoreError> {
+impl FromCols for Customer {
+    fn from_cols(r: &impl Cols) -> Result<Customer, StoreError> {
         Ok(Customer {
             id: r.col("id")?,
             name: r.col("name")?,
@@ -104,11 +106,13 @@ pub struct Instance {
     pub created_at: i64,
 }
 
-impl Instance {
-    pub(super) fn from_row(r: &impl Cols) -> Result<Instance, StoreError> {
+impl FromCols for Instance {
+    fn from_cols(r: &impl Cols) -> Result<Instance, StoreError> {
         Instance::from_prefixed_row(r, "")
     }
+}
 
+impl Instance {
     /// Reads the instance columns named `{prefix}{column}`.
     fn from_prefixed_row(r: &impl Cols, prefix: &str) -> Result<Instance, StoreError> {
         let col = |name: &str| format!("{prefix}{name}");
@@ -185,7 +189,7 @@ impl FromCols for SendContext {
             Ok(row.col::<Option<i64>>(name)?.unwrap_or(0).clamp(0, u32::MAX as i64) as u32)
         };
         Ok(SendContext {
-            customer: Customer::from_row(row)?,
+            customer: Customer::from_cols(row)?,
             instance: instance_id.map(|_| Instance::from_prefixed_row(row, "i_")).transpose()?,
             suppressed: row.col::<i64>("suppressed")? > 0,
             counters: Counters {
@@ -263,7 +267,7 @@ impl Store {
             .fetch_optional(&self.read)
             .await?
             .ok_or_else(|| StoreError::NotFound(format!("customer {id}")))?;
-        Customer::from_row(&row)
+        Customer::from_cols(&row)
     }
 
     /// The oldest customer with this name, if any.
@@ -274,7 +278,7 @@ impl Store {
         .bind(name)
         .fetch_optional(&self.read)
         .await?;
-        row.as_ref().map(Customer::from_row).transpose()
+        row.as_ref().map(Customer::from_cols).transpose()
     }
 
     /// Turns modules on or off (None leaves one as it is).
@@ -393,7 +397,7 @@ impl Store {
             .fetch_optional(&self.read)
             .await?
             .ok_or_else(|| StoreError::NotFound(format!("instance {id}")))?;
-        Instance::from_row(&row)
+        Instance::from_cols(&row)
     }
 
     /// The customer's instance with this id or, failing that, this name.
@@ -406,7 +410,7 @@ impl Store {
         .bind(id_or_name)
         .fetch_optional(&self.read)
         .await?;
-        row.as_ref().map(Instance::from_row).transpose()
+        row.as_ref().map(Instance::from_cols).transpose()
     }
 
     /// The customer, its instance with this id (or else this name), whether `phone` is

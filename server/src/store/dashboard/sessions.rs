@@ -19,6 +19,23 @@ pub struct DashSession {
     pub user: DashUser,
 }
 
+/// From the columns of `Store::session`: the session's (its `created_at` as
+/// `s_created_at`) and its account's.
+impl FromCols for DashSession {
+    fn from_cols(r: &impl Cols) -> Result<DashSession, StoreError> {
+        Ok(DashSession {
+            id_hash: r.col("id_hash")?,
+            stage: r.col("stage")?,
+            csrf_token: r.col("csrf_token")?,
+            pending_totp: r.col("pending_totp")?,
+            created_at: r.col("s_created_at")?,
+            last_seen_at: r.col("last_seen_at")?,
+            expires_at: r.col("expires_at")?,
+            user: DashUser::from_cols(r)?,
+        })
+    }
+}
+
 /// An invitation (one-time sign-in link) and its account.
 #[derive(Clone, Debug)]
 pub struct Invitation {
@@ -115,17 +132,7 @@ impl Store {
         .bind(id_hash)
         .fetch_optional(&self.read)
         .await?;
-        let Some(r) = row else { return Ok(None) };
-        Ok(Some(DashSession {
-            id_hash: r.col("id_hash")?,
-            stage: r.col("stage")?,
-            csrf_token: r.col("csrf_token")?,
-            pending_totp: r.col("pending_totp")?,
-            created_at: r.col("s_created_at")?,
-            last_seen_at: r.col("last_seen_at")?,
-            expires_at: r.col("expires_at")?,
-            user: DashUser::from_cols(&r)?,
-        }))
+        row.as_ref().map(DashSession::from_cols).transpose()
     }
 
     /// Records activity on a session.

@@ -3,7 +3,7 @@
 //! change) changes the store and writes the customer events it means, all in the
 //! post's one transaction (`Store::apply_facts`).
 
-use super::super::{Instance, Store, StoreError, now_ms};
+use super::super::{Cols, FromCols, Instance, Store, StoreError, now_ms};
 use super::connection::change_state;
 use super::{Applied, CONVERSATION_WINDOW_MS, write_transaction};
 use crate::ingress::evolution::{Fact, Keyword, Sender, keyword, phone_of, status_rank};
@@ -485,13 +485,15 @@ struct SentMessage {
     purpose: String,
 }
 
-fn sent_message_of(row: &sqlx::any::AnyRow) -> Result<SentMessage, StoreError> {
-    Ok(SentMessage {
-        id: row.try_get("id")?,
-        status: row.try_get("status")?,
-        recipient: row.try_get::<Option<String>, _>("recipient")?.unwrap_or_default(),
-        purpose: row.try_get::<Option<String>, _>("purpose")?.unwrap_or_default(),
-    })
+impl FromCols for SentMessage {
+    fn from_cols(r: &impl Cols) -> Result<SentMessage, StoreError> {
+        Ok(SentMessage {
+            id: r.col("id")?,
+            status: r.col("status")?,
+            recipient: r.col::<Option<String>>("recipient")?.unwrap_or_default(),
+            purpose: r.col::<Option<String>>("purpose")?.unwrap_or_default(),
+        })
+    }
 }
 
 /// The send of `instance` that the provider knows as `external_id` (by index).
@@ -508,7 +510,7 @@ async fn sent_message(
     .bind(external_id)
     .fetch_optional(&mut **tx)
     .await?;
-    row.as_ref().map(sent_message_of).transpose()
+    row.as_ref().map(SentMessage::from_cols).transpose()
 }
 
 /// The send of `instance` to `to` that a provider's echo without a known id belongs
@@ -543,7 +545,7 @@ async fn lost_send(
     .bind(taken_at)
     .fetch_optional(&mut **tx)
     .await?;
-    row.as_ref().map(sent_message_of).transpose()
+    row.as_ref().map(SentMessage::from_cols).transpose()
 }
 
 /// Makes an `unknown` send `sent`, with the provider's id; whether this call did.

@@ -8,10 +8,10 @@
 //! that takes the write lock first, the outbox event every rule writes, and an
 //! instance read inside a transaction.
 
-use super::{Instance, StoreError, now_ms};
+use super::{FromCols, Instance, StoreError, now_ms};
 use gateway_api::events;
 use serde_json::Value;
-use sqlx::{Any, Row, Transaction};
+use sqlx::{Any, Transaction};
 
 /// Writes the outbox event of type `events::$ty` with these fields (and the base);
 /// `log = id` names the message-log row it is about, when there is one.
@@ -101,14 +101,5 @@ const INSTANCE_SQL: &str = "SELECT id, customer_id, name, provider, connection_s
 
 async fn instance_in(tx: &mut Transaction<'static, Any>, id: &str) -> Result<Instance, StoreError> {
     let row = sqlx::query(INSTANCE_SQL).bind(id).fetch_one(&mut **tx).await?;
-    Ok(Instance {
-        id: row.try_get("id")?,
-        customer_id: row.try_get("customer_id")?,
-        name: row.try_get("name")?,
-        provider: row.try_get("provider")?,
-        connection_state: row.try_get("connection_state")?,
-        paused: row.try_get::<i64, _>("paused")? != 0,
-        paused_reason: row.try_get("paused_reason")?,
-        created_at: row.try_get("created_at")?,
-    })
+    Instance::from_cols(&row)
 }
