@@ -1,6 +1,6 @@
 //! Customers (plan, modules, limit overrides) and their instances.
 
-use super::{Cols, FromCols, Store, StoreError, flag, new_id, now_ms};
+use super::{Cols, Forget, FromCols, Store, StoreError, flag, new_id, now_ms};
 use gateway_policy_model::Counters;
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
@@ -66,8 +66,10 @@ impl Customer {
             _ => PlanStatus::None,
         }
     }
+}
 
-    pub(super) fn from_row(r: &impl Cols) -> Result<Customer, StoreError> {
+impl FromCols for Customer {
+    fn from_cols(r: &impl Cols) -> Result<Customer, StoreError> {
         Ok(Customer {
             id: r.col("id")?,
             name: r.col("name")?,
@@ -104,11 +106,13 @@ pub struct Instance {
     pub created_at: i64,
 }
 
-impl Instance {
-    pub(super) fn from_row(r: &impl Cols) -> Result<Instance, StoreError> {
+impl FromCols for Instance {
+    fn from_cols(r: &impl Cols) -> Result<Instance, StoreError> {
         Instance::from_prefixed_row(r, "")
     }
+}
 
+impl Instance {
     /// Reads the instance columns named `{prefix}{column}`.
     fn from_prefixed_row(r: &impl Cols, prefix: &str) -> Result<Instance, StoreError> {
         let col = |name: &str| format!("{prefix}{name}");
@@ -185,7 +189,7 @@ impl FromCols for SendContext {
             Ok(row.col::<Option<i64>>(name)?.unwrap_or(0).clamp(0, u32::MAX as i64) as u32)
         };
         Ok(SendContext {
-            customer: Customer::from_row(row)?,
+            customer: Customer::from_cols(row)?,
             instance: instance_id.map(|_| Instance::from_prefixed_row(row, "i_")).transpose()?,
             suppressed: row.col::<i64>("suppressed")? > 0,
             counters: Counters {
@@ -263,7 +267,7 @@ impl Store {
             .fetch_optional(&self.read)
             .await?
             .ok_or_else(|| StoreError::NotFound(format!("customer {id}")))?;
-        Customer::from_row(&row)
+        Customer::from_cols(&row)
     }
 
     /// The oldest customer with this name, if any.
@@ -274,24 +278,19 @@ impl Store {
         .bind(name)
         .fetch_optional(&self.read)
         .await?;
-        row.as_ref().map(Customer::from_row).transpose()
+        row.as_ref().map(Customer::from_cols).transpose()
     }
 
     /// Turns modules on or off (None leaves one as it is).
     pub async fn set_modules(&self, id: &str, api: Option<bool>, pbx: Option<bool>) -> Result<Customer, StoreError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE customers SET module_api = COALESCE($2, module_api), module_pbx = COALESCE($3, module_pbx) \
              WHERE id = $1",
         )
         .bind(id)
         .bind(api.map(i64::from))
-        .bind(pbx.map(i64::from))
-        .execute(&self.write)
-        .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("customer {id}")));
-        }
+        .bind(pbx.map(i64::from));
+        self.update_one(update, Forget::Cache, || format!("customer {id}")).await?;
         self.customer(id).await
     }
 
@@ -299,7 +298,7 @@ impl Store {
     /// `approve`).
     pub async fn assign_plan(&self, id: &str, plan: &str, approve: bool) -> Result<Customer, StoreError> {
         let (status, start, end) = plan_columns(Some(plan), approve, now_ms());
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE customers SET plan = $2, plan_status = $3, plan_period_start = $4, plan_period_end = $5 \
              WHERE id = $1",
         )
@@ -307,19 +306,14 @@ impl Store {
         .bind(plan)
         .bind(status)
         .bind(start)
-        .bind(end)
-        .execute(&self.write)
-        .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("customer {id}")));
-        }
+        .bind(end);
+        self.update_one(update, Forget::Cache, || format!("customer {id}")).await?;
         self.customer(id).await
     }
 
     /// Sets the given limit overrides (others unchanged).
     pub async fn set_limits(&self, id: &str, limits: &LimitOverrides) -> Result<Customer, StoreError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE customers SET daily_limit = COALESCE($2, daily_limit), \
              monthly_limit = COALESCE($3, monthly_limit), \
              instance_per_minute = COALESCE($4, instance_per_minute), \
@@ -329,13 +323,8 @@ impl Store {
         .bind(limits.daily)
         .bind(limits.monthly)
         .bind(limits.instance_per_minute)
-        .bind(limits.recipient_per_minute)
-        .execute(&self.write)
-        .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("customer {id}")));
-        }
+        .bind(limits.recipient_per_minute);
+        self.update_one(update, Forget::Cache, || format!("customer {id}")).await?;
         self.customer(id).await
     }
 
@@ -408,7 +397,7 @@ impl Store {
             .fetch_optional(&self.read)
             .await?
             .ok_or_else(|| StoreError::NotFound(format!("instance {id}")))?;
-        Instance::from_row(&row)
+        Instance::from_cols(&row)
     }
 
     /// The customer's instance with this id or, failing that, this name.
@@ -421,7 +410,7 @@ impl Store {
         .bind(id_or_name)
         .fetch_optional(&self.read)
         .await?;
-        row.as_ref().map(Instance::from_row).transpose()
+        row.as_ref().map(Instance::from_cols).transpose()
     }
 
     /// The customer, its instance with this id (or else this name), whether `phone` is
@@ -474,16 +463,11 @@ impl Store {
 
     /// Pauses an instance for review, or resumes it.
     pub async fn set_paused(&self, id: &str, paused: bool, reason: Option<&str>) -> Result<Instance, StoreError> {
-        let done = sqlx::query("UPDATE instances SET paused = $2, paused_reason = $3 WHERE id = $1")
+        let update = sqlx::query("UPDATE instances SET paused = $2, paused_reason = $3 WHERE id = $1")
             .bind(id)
             .bind(i64::from(paused))
-            .bind(if paused { reason } else { None })
-            .execute(&self.write)
-            .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("instance {id}")));
-        }
+            .bind(if paused { reason } else { None });
+        self.update_one(update, Forget::Cache, || format!("instance {id}")).await?;
         self.instance(id).await
     }
 
@@ -491,15 +475,8 @@ impl Store {
     /// pacing policy's warm-up reads): a number moved from elsewhere is not new.
     pub async fn set_instance_age(&self, id: &str, days: i64) -> Result<Instance, StoreError> {
         let created_at = now_ms().saturating_sub(crate::bounds::days_ms(days.max(0)));
-        let done = sqlx::query("UPDATE instances SET created_at = $2 WHERE id = $1")
-            .bind(id)
-            .bind(created_at)
-            .execute(&self.write)
-            .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("instance {id}")));
-        }
+        let update = sqlx::query("UPDATE instances SET created_at = $2 WHERE id = $1").bind(id).bind(created_at);
+        self.update_one(update, Forget::Cache, || format!("instance {id}")).await?;
         self.instance(id).await
     }
 

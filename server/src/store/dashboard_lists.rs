@@ -7,7 +7,7 @@
 //! offset and also report their total.
 
 use super::ApiKeyRecord;
-use super::{Customer, FromCols, Instance, PbxEvent, Store, StoreError, WebhookAttempt};
+use super::{Cols, Customer, FromCols, Instance, PbxEvent, Store, StoreError, WebhookAttempt};
 use sqlx::Row;
 
 /// A suppressed recipient with why and how it got there.
@@ -20,6 +20,17 @@ pub struct Suppression {
     pub created_at: i64,
 }
 
+impl FromCols for Suppression {
+    fn from_cols(r: &impl Cols) -> Result<Suppression, StoreError> {
+        Ok(Suppression {
+            phone: r.col("phone")?,
+            reason: r.col("reason")?,
+            source: r.col("source")?,
+            created_at: r.col("created_at")?,
+        })
+    }
+}
+
 /// A received message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InboundRow {
@@ -30,6 +41,20 @@ pub struct InboundRow {
     pub message_type: String,
     pub text: Option<String>,
     pub received_at: i64,
+}
+
+impl FromCols for InboundRow {
+    fn from_cols(r: &impl Cols) -> Result<InboundRow, StoreError> {
+        Ok(InboundRow {
+            id: r.col("id")?,
+            instance_id: r.col("instance_id")?,
+            sender: r.col("sender")?,
+            group_id: r.col("group_id")?,
+            message_type: r.col("message_type")?,
+            text: r.col("text")?,
+            received_at: r.col("received_at")?,
+        })
+    }
 }
 
 /// Counters of one customer against its limits.
@@ -68,17 +93,7 @@ impl Store {
                 .fetch_one(&self.read)
                 .await?
                 .try_get("n")?;
-        let list = rows
-            .iter()
-            .map(|r| {
-                Ok(Suppression {
-                    phone: r.try_get("phone")?,
-                    reason: r.try_get("reason")?,
-                    source: r.try_get("source")?,
-                    created_at: r.try_get("created_at")?,
-                })
-            })
-            .collect::<Result<_, StoreError>>()?;
+        let list = rows.iter().map(Suppression::from_cols).collect::<Result<_, StoreError>>()?;
         Ok((list, total))
     }
 
@@ -92,16 +107,7 @@ impl Store {
         .bind(cap)
         .fetch_all(&self.read)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Suppression {
-                    phone: r.try_get("phone")?,
-                    reason: r.try_get("reason")?,
-                    source: r.try_get("source")?,
-                    created_at: r.try_get("created_at")?,
-                })
-            })
-            .collect()
+        rows.iter().map(Suppression::from_cols).collect()
     }
 
     /// Adds many suppressions in one transaction (import). A phone already suppressed
@@ -152,19 +158,7 @@ impl Store {
         .bind(limit)
         .fetch_all(&self.read)
         .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(InboundRow {
-                    id: r.try_get("id")?,
-                    instance_id: r.try_get("instance_id")?,
-                    sender: r.try_get("sender")?,
-                    group_id: r.try_get("group_id")?,
-                    message_type: r.try_get("message_type")?,
-                    text: r.try_get("text")?,
-                    received_at: r.try_get("received_at")?,
-                })
-            })
-            .collect()
+        rows.iter().map(InboundRow::from_cols).collect()
     }
 
     /// Delivery attempts to an instance's endpoint, newest first, `before` an id.
@@ -203,7 +197,7 @@ impl Store {
         .fetch_all(&self.read)
         .await?;
         let total = self.instance_count(customer_id).await?;
-        Ok((rows.iter().map(Instance::from_row).collect::<Result<_, _>>()?, total))
+        Ok((rows.iter().map(Instance::from_cols).collect::<Result<_, _>>()?, total))
     }
 
     /// A page of every customer's instances (operators; only paused ones when
@@ -227,7 +221,7 @@ impl Store {
             .fetch_one(&self.read)
             .await?
             .try_get("n")?;
-        Ok((rows.iter().map(Instance::from_row).collect::<Result<_, _>>()?, total))
+        Ok((rows.iter().map(Instance::from_cols).collect::<Result<_, _>>()?, total))
     }
 
     /// How many instances a customer has.
@@ -323,7 +317,7 @@ impl Store {
             .fetch_one(&self.read)
             .await?
             .try_get("n")?;
-        Ok((rows.iter().map(Customer::from_row).collect::<Result<_, _>>()?, total))
+        Ok((rows.iter().map(Customer::from_cols).collect::<Result<_, _>>()?, total))
     }
 
     /// Sends counted today (the UTC day starting at `day_start`) and in the plan period

@@ -5,7 +5,7 @@
 //! bounded by a time window; aggregated in SQL where both databases agree, in Rust
 //! where a rule sits inside the policy trace.
 
-use super::{Store, StoreError};
+use super::{Cols, FromCols, Store, StoreError};
 use sqlx::Row;
 use std::collections::BTreeMap;
 
@@ -29,6 +29,12 @@ pub struct DeliveryCounts {
     pub sent: u64,
     pub delivered: u64,
     pub read: u64,
+}
+
+impl FromCols for DeliveryCounts {
+    fn from_cols(r: &impl Cols) -> Result<DeliveryCounts, StoreError> {
+        Ok(DeliveryCounts { sent: count(r, "sent")?, delivered: count(r, "delivered")?, read: count(r, "read_n")? })
+    }
 }
 
 /// An instance's ban-risk signals over the last 7 days, and today's pacing counters.
@@ -84,8 +90,8 @@ macro_rules! of_customer {
     };
 }
 
-fn count(row: &sqlx::any::AnyRow, column: &str) -> Result<u64, StoreError> {
-    Ok(row.try_get::<Option<i64>, _>(column)?.unwrap_or(0).max(0) as u64)
+fn count(row: &impl Cols, column: &str) -> Result<u64, StoreError> {
+    Ok(row.col::<Option<i64>>(column)?.unwrap_or(0).max(0) as u64)
 }
 
 /// The rule a refusal names: its error code, and for a policy's refusal the code the
@@ -154,11 +160,7 @@ impl Store {
         .bind(since)
         .fetch_one(&self.read)
         .await?;
-        Ok(DeliveryCounts {
-            sent: count(&row, "sent")?,
-            delivered: count(&row, "delivered")?,
-            read: count(&row, "read_n")?,
-        })
+        DeliveryCounts::from_cols(&row)
     }
 
     /// Refusals since `since` by rule, most first (at most `limit` rules), of one

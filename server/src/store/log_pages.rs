@@ -3,7 +3,7 @@
 //! chunks for the CSV export, and one message with the webhook events about it.
 
 use super::delivery::{Delivery, DeliveryState, FROM_LOG_AND_STATUS, STATUS_COLUMNS};
-use super::{FromCols, LogEntry, Store, StoreError, bind_all};
+use super::{Cols, FromCols, LogEntry, Store, StoreError, bind_all};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
@@ -32,6 +32,12 @@ pub struct LogRow {
     pub delivery: Delivery,
 }
 
+impl FromCols for LogRow {
+    fn from_cols(r: &impl Cols) -> Result<LogRow, StoreError> {
+        Ok(LogRow { id: r.col("id")?, entry: LogEntry::from_cols(r)?, delivery: Delivery::from_cols(r)? })
+    }
+}
+
 impl LogRow {
     /// The row's state and the error of a failure.
     pub fn state(&self) -> (DeliveryState, Option<String>) {
@@ -58,6 +64,18 @@ pub struct EventAttempt {
     pub succeeded: bool,
     pub latency_ms: Option<i64>,
     pub error: Option<String>,
+}
+
+impl FromCols for EventAttempt {
+    fn from_cols(r: &impl Cols) -> Result<EventAttempt, StoreError> {
+        Ok(EventAttempt {
+            at: r.col("attempted_at")?,
+            status: r.col("status_code")?,
+            succeeded: r.col::<Option<i64>>("succeeded")?.unwrap_or(0) != 0,
+            latency_ms: r.col("latency_ms")?,
+            error: r.col("error")?,
+        })
+    }
 }
 
 fn log_columns() -> String {
@@ -127,10 +145,6 @@ fn like_escaped(s: &str) -> String {
     out
 }
 
-fn log_row(r: &sqlx::any::AnyRow) -> Result<LogRow, StoreError> {
-    Ok(LogRow { id: r.try_get("id")?, entry: LogEntry::from_cols(r)?, delivery: Delivery::from_cols(r)? })
-}
-
 impl Store {
     /// A customer's message log, newest first, `before` a log id, with filters.
     pub async fn message_log_page(
@@ -142,7 +156,7 @@ impl Store {
     ) -> Result<Vec<LogRow>, StoreError> {
         let (sql, values) = log_query(customer_id, filter, before, limit);
         let rows = bind_all(sqlx::query(&sql), values).fetch_all(&self.read).await?;
-        rows.iter().map(log_row).collect()
+        rows.iter().map(LogRow::from_cols).collect()
     }
 
     /// One log row of a customer, with its reports.
@@ -152,7 +166,7 @@ impl Store {
             log_columns()
         );
         let row = sqlx::query(&sql).bind(id).bind(customer_id).fetch_optional(&self.read).await?;
-        row.as_ref().map(log_row).transpose()
+        row.as_ref().map(LogRow::from_cols).transpose()
     }
 
     /// The webhook events of a customer's message (those written with its log row's
@@ -217,15 +231,7 @@ impl Store {
             .fetch_all(&self.read)
             .await?
             .iter()
-            .map(|a| {
-                Ok(EventAttempt {
-                    at: a.try_get("attempted_at")?,
-                    status: a.try_get("status_code")?,
-                    succeeded: a.try_get::<Option<i64>, _>("succeeded")?.unwrap_or(0) != 0,
-                    latency_ms: a.try_get("latency_ms")?,
-                    error: a.try_get("error")?,
-                })
-            })
+            .map(EventAttempt::from_cols)
             .collect::<Result<Vec<_>, StoreError>>()?;
             events.push(MessageEvent {
                 id,

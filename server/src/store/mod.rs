@@ -34,9 +34,13 @@ mod pbx;
 mod policies;
 mod privacy;
 pub mod retention;
+mod rows;
 mod webhooks;
 mod writer;
 pub use writer::stats as write_stats;
+
+use rows::Named;
+pub(crate) use rows::{Cols, Forget, FromCols};
 
 pub use attempts::{Began, Begin, Finish, ORPHAN_REASON};
 pub use cache::TTL as CACHE_TTL;
@@ -56,7 +60,7 @@ pub use policies::{PolicyGateway, ReviewEntry};
 pub use webhooks::{ClaimedEvent, EndpointChange, EventState, WebhookAttempt, WebhookEndpoint};
 
 use rusqlite::types::Value as SqlValue;
-use sqlx::any::{AnyPoolOptions, AnyRow, install_default_drivers};
+use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{Any, AnyPool, Executor, Row};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -166,64 +170,6 @@ impl SqliteReaders {
         }
         result
     }
-}
-
-/// A result row of either driver, read by column name.
-pub(crate) trait Cols {
-    fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError>;
-}
-
-/// A column type both drivers decode.
-pub(crate) trait ColType: for<'r> sqlx::Decode<'r, Any> + sqlx::Type<Any> + rusqlite::types::FromSql {}
-impl<T: for<'r> sqlx::Decode<'r, Any> + sqlx::Type<Any> + rusqlite::types::FromSql> ColType for T {}
-
-impl Cols for AnyRow {
-    fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError> {
-        Ok(self.try_get(name)?)
-    }
-}
-
-impl Cols for rusqlite::Row<'_> {
-    fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError> {
-        Ok(self.get(name)?)
-    }
-}
-
-/// A SQLite row whose columns are found by name through a map built once. rusqlite
-/// finds a name by comparing it with each column's name in turn, and the send's one
-/// read has about 45 columns: finding them was a fifth of that read's CPU (BENCHMARKS.md).
-struct Named<'r, 's> {
-    row: &'r rusqlite::Row<'s>,
-    index: std::collections::HashMap<&'r str, usize>,
-}
-
-impl<'r, 's> Named<'r, 's> {
-    fn new(row: &'r rusqlite::Row<'s>) -> Named<'r, 's> {
-        let stmt = row.as_ref();
-        let mut index = std::collections::HashMap::with_capacity(stmt.column_count());
-        for i in 0..stmt.column_count() {
-            // Of two columns with one name, the first (as rusqlite finds it).
-            if let Ok(name) = stmt.column_name(i) {
-                index.entry(name).or_insert(i);
-            }
-        }
-        Named { row, index }
-    }
-}
-
-impl Cols for Named<'_, '_> {
-    fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError> {
-        match self.index.get(name) {
-            Some(&i) => Ok(self.row.get(i)?),
-            // Names differing only in case, as rusqlite matches them.
-            None => Ok(self.row.get(name)?),
-        }
-    }
-}
-
-/// A record built from one result row.
-pub(crate) trait FromCols: Sized {
-    fn from_cols(row: &impl Cols) -> Result<Self, StoreError>;
 }
 
 /// Binds `values[i]` to `$i+1` by name. SQLite numbers `$n` parameters in the order
@@ -544,21 +490,6 @@ fn flag(n: i64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_named_row_finds_columns_as_rusqlite_does() {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        let mut stmt = conn.prepare("SELECT 1 AS a, 2 AS a, 'x' AS Mixed, NULL AS n").unwrap();
-        let mut rows = stmt.query([]).unwrap();
-        let row = rows.next().unwrap().unwrap();
-        let named = Named::new(row);
-        for (name, expected) in [("a", Some(1_i64)), ("n", None)] {
-            assert_eq!(named.col::<Option<i64>>(name).unwrap(), expected, "{name}");
-            assert_eq!(row.col::<Option<i64>>(name).unwrap(), expected, "{name}");
-        }
-        assert_eq!(named.col::<String>("mixed").unwrap(), "x");
-        assert!(named.col::<i64>("missing").is_err());
-    }
 
     #[tokio::test]
     async fn two_processes_opening_a_new_sqlite_file_at_once_take_turns_migrating() {

@@ -3,7 +3,7 @@
 //! passed the same checks a reload makes; each replica's policy host loads the newest
 //! unretired row of each name; `policy rollback NAME` retires the newest.
 
-use super::{Store, StoreError, now_ms};
+use super::{Cols, FromCols, Store, StoreError, now_ms};
 use sqlx::Row;
 
 /// A stored module, without its bytes.
@@ -18,6 +18,20 @@ pub struct StoredModule {
     pub installed_by: String,
 }
 
+impl FromCols for StoredModule {
+    fn from_cols(r: &impl Cols) -> Result<StoredModule, StoreError> {
+        Ok(StoredModule {
+            id: r.col("id")?,
+            name: r.col("name")?,
+            version: r.col("version")?,
+            sha256: r.col("sha256")?,
+            size: r.col("size")?,
+            installed_at: r.col("installed_at")?,
+            installed_by: r.col("installed_by")?,
+        })
+    }
+}
+
 /// What `install_policy_module` is given.
 pub struct NewModule<'a> {
     pub name: &'a str,
@@ -28,18 +42,6 @@ pub struct NewModule<'a> {
 }
 
 const COLUMNS: &str = "id, name, version, sha256, size, installed_at, installed_by";
-
-fn stored(r: &sqlx::any::AnyRow) -> Result<StoredModule, StoreError> {
-    Ok(StoredModule {
-        id: r.try_get("id")?,
-        name: r.try_get("name")?,
-        version: r.try_get("version")?,
-        sha256: r.try_get("sha256")?,
-        size: r.try_get("size")?,
-        installed_at: r.try_get("installed_at")?,
-        installed_by: r.try_get("installed_by")?,
-    })
-}
 
 impl Store {
     /// Adds a module (checked by the caller); it becomes its name's live stored module.
@@ -58,7 +60,7 @@ impl Store {
             .bind(m.installed_by)
             .fetch_one(&self.write)
             .await?;
-        stored(&row)
+        StoredModule::from_cols(&row)
     }
 
     /// The live stored module of each name (its newest unretired row), by name.
@@ -68,7 +70,7 @@ impl Store {
              (SELECT MAX(id) FROM policy_modules n WHERE n.name = m.name AND n.retired_at IS NULL) ORDER BY name"
         );
         let rows = sqlx::query(&sql).fetch_all(&self.read).await?;
-        rows.iter().map(stored).collect()
+        rows.iter().map(StoredModule::from_cols).collect()
     }
 
     /// A stored module's bytes.
@@ -89,6 +91,6 @@ impl Store {
              (SELECT MAX(id) FROM policy_modules WHERE name = $1 AND retired_at IS NULL) RETURNING {COLUMNS}"
         );
         let row = sqlx::query(&sql).bind(name).bind(now_ms()).fetch_optional(&self.write).await?;
-        row.as_ref().map(stored).transpose()
+        row.as_ref().map(StoredModule::from_cols).transpose()
     }
 }

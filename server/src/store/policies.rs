@@ -1,7 +1,7 @@
 //! The policy engine's records: what each running gateway's policy host runs, the
 //! `policy reload`/`rollback` commands they carry out, and the review queue.
 
-use super::{Cols, FromCols, Store, StoreError, now_ms};
+use super::{Cols, Forget, FromCols, Store, StoreError, now_ms};
 use sqlx::Row;
 
 /// A running gateway's policy status row.
@@ -205,15 +205,9 @@ impl Store {
         purposes: Option<&[String]>,
     ) -> Result<(), StoreError> {
         let joined = purposes.map(|p| p.join(","));
-        let done = sqlx::query("UPDATE customers SET approved_purposes = $2 WHERE id = $1")
-            .bind(customer_id)
-            .bind(joined)
-            .execute(&self.write)
-            .await?;
-        self.forget_cached();
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("customer {customer_id}")));
-        }
+        let update =
+            sqlx::query("UPDATE customers SET approved_purposes = $2 WHERE id = $1").bind(customer_id).bind(joined);
+        self.update_one(update, Forget::Cache, || format!("customer {customer_id}")).await?;
         Ok(())
     }
 }

@@ -9,7 +9,7 @@
 //! the group-commit writer.
 
 use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, sqlite_exec};
-use super::{Backend, Cols, FromCols, Store, StoreError, flag, now_ms};
+use super::{Backend, Cols, Forget, FromCols, Store, StoreError, flag, now_ms};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
@@ -231,35 +231,27 @@ impl Store {
         secret: &str,
         previous_until: i64,
     ) -> Result<(), StoreError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE webhook_endpoints SET previous_secret = secret, previous_secret_until = CASE WHEN secret IS NULL \
              THEN NULL ELSE $1 END, secret = $2, updated_at = $3 WHERE instance_id = $4",
         )
         .bind(previous_until)
         .bind(secret)
         .bind(now_ms())
-        .bind(instance_id)
-        .execute(&self.write)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("webhook of instance {instance_id}")));
-        }
+        .bind(instance_id);
+        self.update_one(update, Forget::Nothing, || format!("webhook of instance {instance_id}")).await?;
         Ok(())
     }
 
     /// Re-enables a disabled endpoint and resets its failure clock.
     pub async fn enable_webhook(&self, instance_id: &str) -> Result<(), StoreError> {
-        let done = sqlx::query(
+        let update = sqlx::query(
             "UPDATE webhook_endpoints SET disabled_at = NULL, disabled_reason = NULL, failing_since = NULL, \
              updated_at = $1 WHERE instance_id = $2",
         )
         .bind(now_ms())
-        .bind(instance_id)
-        .execute(&self.write)
-        .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::NotFound(format!("webhook of instance {instance_id}")));
-        }
+        .bind(instance_id);
+        self.update_one(update, Forget::Nothing, || format!("webhook of instance {instance_id}")).await?;
         Ok(())
     }
 
