@@ -193,7 +193,7 @@ pub enum Keyword {
     OptIn,
 }
 
-/// Opt-out keywords: DESIGN.md's list, the carriers' usual extras, and Arabic.
+/// Opt-out keywords: STOP and its usual translations, the carriers' usual extras, and Arabic.
 pub const OPT_OUT: [&str; 16] = [
     "STOP",
     "UNSUBSCRIBE",

@@ -1,6 +1,6 @@
 //! The PBX webhook: call events from a customer's phone system turned into actions.
 //!
-//! Check order (DESIGN.md): body size (413, in the HTTP layer) → integration, secret and
+//! Check order (docs/architecture.md, Life of a PBX call): body size (413, in the HTTP layer) → integration, secret and
 //! signature (401, one generic answer) → JSON (400) → event payload (400
 //! `validation_error`) → PBX module (403) → rate limit (429) → action.
 //!

@@ -12,10 +12,12 @@
 //! never swept, however long its provider call runs. (A row written without a lease
 //! keeps the clock rule: its deadline, the provider timeout plus a margin.)
 //!
-//! An idempotency key is claimed before the pipeline runs (see `idempotency`): one
-//! conditional upsert, so of concurrent requests with one key exactly one runs. The
-//! claim is a lease with an owner token: `begin` links the attempt row only while the
-//! claim is still the caller's, so a request whose lease was taken over never sends.
+//! A send-message idempotency key is read before the pipeline runs (a replay answers
+//! at once) and taken in `begin`'s own write, with the attempt row, so of concurrent
+//! requests with one key exactly one sends; the conditional upsert of `idempotency`
+//! (`claim_idempotency`) is how the PBX path claims its keys first. The claim is a
+//! lease with an owner token: `begin` links the attempt row only while the claim is
+//! still the caller's, so a request whose lease was taken over never sends.
 
 use super::counters::{self, LimitHit, Reservation};
 use super::idempotency::{Answer, CLAIM_SQL, IdemOwner, KeyFate, claim_json, claim_values};

@@ -1,5 +1,6 @@
-//! Idempotency keys of send-message (the keys table): claimed before the pipeline
-//! runs, answered with the request's log row, replayed, and pruned after 24 hours.
+//! Idempotency keys (the keys table): read before a send runs and taken in its
+//! attempt's write (or claimed first by the PBX path's upsert), answered with the
+//! request's log row, replayed, and pruned after 24 hours.
 //! What a key means on the wire is `send::idempotency`; the attempt writes that link a
 //! key to its attempt row are in `attempts`.
 

@@ -415,7 +415,7 @@ impl Store {
     pub async fn backup_to(&self, to: &std::path::Path) -> Result<u64, StoreError> {
         let Some(readers) = &self.sqlite_readers else {
             return Err(StoreError::Conflict(
-                "backup copies a SQLite store; for PostgreSQL use pg_dump (see the README)".into(),
+                "backup copies a SQLite store; for PostgreSQL use pg_dump (see docs/operations.md, Backups)".into(),
             ));
         };
         if to.exists() {

@@ -8,7 +8,7 @@
 //! end of the schedule; a crash after a delivery but before its record repeats it, and
 //! the stable `X-Gateway-Event-Id` lets the receiver drop the repeat.
 //!
-//! Policy (DESIGN.md): attempts after 0 s, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h,
+//! Policy (docs/architecture.md, Decisions): attempts after 0 s, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h,
 //! each ±20 %; 15 s to answer; only 2xx is success; redirects are never followed; 410
 //! disables the endpoint; 429 and 503 honour `Retry-After` within [d, 2d]; an endpoint
 //! with only failures for 5 days is disabled (its owner sees why; an operator log line

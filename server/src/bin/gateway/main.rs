@@ -62,7 +62,7 @@ enum Command {
     /// Apply database migrations and exit.
     Migrate,
     /// Copy a SQLite store, consistently, while the gateway serves (PostgreSQL: use
-    /// pg_dump, see the README).
+    /// pg_dump, see docs/operations.md).
     Backup(data::BackupArgs),
     /// Create (or reuse) the demo customer and instance, and print a new API key.
     Demo,
