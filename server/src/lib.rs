@@ -90,7 +90,9 @@ pub enum StartError {
     Policies(#[from] policy::reload::ReloadError),
 }
 
-/// Replaceable parts of the server (tests and later issues plug in here).
+/// The provider and the policy engine a server sends through: what the configuration
+/// asks for (`Parts::from_config`), or a test's own (a scripted provider, a fixed
+/// policy engine).
 pub struct Parts {
     pub provider: Arc<dyn provider::Provider>,
     /// `None`: the WebAssembly policy host with the bundled policies and
