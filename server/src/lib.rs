@@ -3,8 +3,9 @@
 //!
 //! `start_server` is what the `gateway` binary and every test call: it opens the store
 //! (applying migrations), builds the send pipeline over a provider and a policy engine,
-//! starts the HTTP server and the background workers, and returns a `RunningServer`
-//! that owns them all. `main` only parses, loads, logs and waits for a signal.
+//! starts the HTTP server and the background jobs (registered with one task runner,
+//! `tasks`), and returns a `RunningServer` that owns them all. `main` only parses,
+//! loads, logs and waits for a signal.
 
 pub mod apikey;
 pub mod bounds;
@@ -24,6 +25,7 @@ pub mod provider;
 pub mod send;
 pub mod state;
 pub mod store;
+pub mod tasks;
 pub mod tls;
 pub mod trace;
 pub mod webhooks;
@@ -37,7 +39,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use store::Store;
-use tokio::task::JoinHandle;
+use tasks::{Shutdown, Tasks};
 
 /// How the store connects (durability and the database timeout), from the
 /// configuration: the store knows no configuration of its own.
@@ -88,7 +90,9 @@ pub enum StartError {
     Policies(#[from] policy::reload::ReloadError),
 }
 
-/// Replaceable parts of the server (tests and later issues plug in here).
+/// The provider and the policy engine a server sends through: what the configuration
+/// asks for (`Parts::from_config`), or a test's own (a scripted provider, a fixed
+/// policy engine).
 pub struct Parts {
     pub provider: Arc<dyn provider::Provider>,
     /// `None`: the WebAssembly policy host with the bundled policies and
@@ -110,14 +114,17 @@ impl Parts {
     }
 }
 
-/// A running gateway: HTTP server, store and background workers.
+/// A running gateway: HTTP server, store and background jobs.
 pub struct RunningServer {
     http: dropshot::HttpServer<Arc<state::AppState>>,
     metrics: Option<dropshot::HttpServer<Arc<metrics::MetricsContext>>>,
     tls: Option<tls::TlsFiles>,
     store: Store,
-    workers: Vec<JoinHandle<()>>,
-    dispatcher: Option<webhooks::DispatcherHandle>,
+    /// Every background job, the webhook dispatcher among them.
+    tasks: Tasks,
+    /// How long the dispatcher gets to stop: its grace, and time for a claim in
+    /// progress and the give-back of what it stopped to reach the database.
+    dispatcher_limit: Duration,
     policies: Option<policy::reload::PolicyControl>,
     /// Settles still retrying in the background (see `send::settle`).
     settling: Arc<send::settle::Settling>,
@@ -173,24 +180,23 @@ impl RunningServer {
         self.policies.as_ref()
     }
 
-    /// Stops accepting, lets requests in flight finish (and the settles they left to the
-    /// background, for up to 10 s), stops workers, gives the process's lease up (what
-    /// is still pending is then orphaned at once), closes the store.
-    pub async fn close(self) -> Result<(), String> {
+    /// Stops accepting and lets requests in flight finish; lets the webhook deliveries
+    /// in flight finish (within `webhooks.shutdown_grace_ms`) and the settles requests
+    /// left to the background (for up to 10 s); stops the other background jobs, each
+    /// after the iteration it is in (for up to `JOBS_LIMIT`); gives the process's lease
+    /// up (what is still pending is then orphaned at once); closes the store.
+    pub async fn close(mut self) -> Result<(), String> {
         let result = self.http.close().await;
         if let Some(metrics) = self.metrics {
             let _ = metrics.close().await;
         }
-        if let Some(dispatcher) = self.dispatcher {
-            dispatcher.shutdown().await;
-        }
+        self.tasks.stop(webhooks::JOB, self.dispatcher_limit).await;
         if !self.settling.drained(Duration::from_secs(10)).await {
             warn!(self.log, "settles still failing at shutdown; their rows become unknown";
                   "count" => self.settling.running());
         }
-        for worker in &self.workers {
-            worker.abort();
-        }
+        // The lease's renewal stops here too: nothing is begun under it any more.
+        self.tasks.close(JOBS_LIMIT).await;
         if let Err(e) = self.store.release_lease().await {
             warn!(self.log, "giving the process lease up failed"; "error" => %e);
         }
@@ -250,17 +256,19 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     let options = store_options(&config);
     let store =
         Store::open_with(&config.database_url, config.database_max_connections, Some(store_log), options).await?;
+    let mut tasks = Tasks::new(log.new(slog::o!("component" => "tasks")));
     // The lease first: every attempt this process begins names it (see store::leases).
-    let mut workers = vec![store.hold_lease(log.new(slog::o!("component" => "lease"))).await?];
+    // Its renewal takes no shutdown signal: the runner aborts it at close.
+    tasks.adopt("process lease", store.hold_lease(log.new(slog::o!("component" => "lease"))).await?);
     let (engine, policies, modules): (Arc<dyn policy::PolicyEngine>, _, _) = match parts.policy {
         Some(engine) => (engine, None, Vec::new()),
         None => {
             let log = log.new(slog::o!("component" => "policy"));
             let host = Arc::new(policy::host::PolicyHost::new(&config.policies, log.clone())?);
             let dir = config.policies_dir.as_deref().filter(|d| !d.is_empty()).map(std::path::PathBuf::from);
-            let (control, task) =
-                policy::reload::start(host.clone(), &config.policies, dir, Some(store.clone()), log).await?;
-            workers.push(task);
+            let control =
+                policy::reload::start(host.clone(), &config.policies, dir, Some(store.clone()), &mut tasks, log)
+                    .await?;
             let modules = host.current().modules.iter().map(|m| m.metadata.name.clone()).collect();
             (Arc::new(host), Some(control), modules)
         }
@@ -309,63 +317,70 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         }
         None => None,
     };
-    workers.push(spawn_retention(store.clone(), config.clone(), log.new(slog::o!("component" => "retention"))));
-    workers.push(spawn_provider_watch(store.clone(), &config, log.new(slog::o!("component" => "ingress"))));
-    workers.push(spawn_orphan_sweep(store.clone(), log.new(slog::o!("component" => "send"))));
-    workers.push(store.spawn_cache_invalidation(log.new(slog::o!("component" => "cache"))));
-    let dispatcher = config.webhooks.dispatch.then(|| {
+    let (s, c, l) = (store.clone(), config.clone(), log.new(slog::o!("component" => "retention")));
+    tasks.spawn("retention", move |stop| retention(s, c, l, stop));
+    let (s, c, l) = (store.clone(), config.clone(), log.new(slog::o!("component" => "ingress")));
+    tasks.spawn("provider watch", move |stop| provider_watch(s, c, l, stop));
+    let (s, l) = (store.clone(), log.new(slog::o!("component" => "send")));
+    tasks.spawn("orphan sweep", move |stop| orphan_sweep(s, l, stop));
+    store.spawn_cache_invalidation(&mut tasks, log.new(slog::o!("component" => "cache")));
+    if config.webhooks.dispatch {
         let log = log.new(slog::o!("component" => "webhooks"));
-        webhooks::Dispatcher::new(store.clone(), config.webhooks.clone(), config.allow_loopback_targets, log).spawn()
-    });
+        webhooks::Dispatcher::new(store.clone(), config.webhooks.clone(), config.allow_loopback_targets, log)
+            .spawn(&mut tasks);
+    }
+    let dispatcher_limit = Duration::from_millis(config.webhooks.shutdown_grace_ms + 2 * config.database_timeout_ms)
+        + Duration::from_secs(1);
     info!(log, "gateway listening"; "address" => %http.local_addr(), "backend" => ?store.backend(),
           "provider" => &config.provider, "https" => tls.is_some(), "certificate_sha256" => sha256);
-    Ok(RunningServer { http, metrics, tls, store, workers, dispatcher, policies, settling, log })
+    Ok(RunningServer { http, metrics, tls, store, tasks, dispatcher_limit, policies, settling, log })
 }
+
+/// How long the background jobs other than the dispatcher get at shutdown to finish
+/// the iteration they are in; one still running then is named in a warning and aborted.
+const JOBS_LIMIT: Duration = Duration::from_secs(10);
 
 /// Tells customers of connection changes once they have held for the debounce period,
 /// and fails messages the provider never acknowledged as delivered (watchdog).
-fn spawn_provider_watch(store: Store, config: &Config, log: Logger) -> JoinHandle<()> {
+async fn provider_watch(store: Store, config: Arc<Config>, log: Logger, mut stop: Shutdown) {
     let debounce = config.connection_debounce_ms as i64;
     let ack_timeout = config.delivery_ack_timeout_ms as i64;
     let tick = Duration::from_millis((config.connection_debounce_ms / 2).clamp(50, 1_000));
-    tokio::spawn(async move {
-        let mut interval = tokio::time::interval(tick);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The watchdog's window: the whole day before the cut-off at start and every
-        // WATCHDOG_FULL_EVERY (a message settled late is still found), else only what
-        // crossed the cut-off since the last run that succeeded, with a margin: every
-        // second it read the whole day's sends, which grows with the traffic.
-        let mut covered: Option<i64> = None;
-        let mut last_full = tokio::time::Instant::now();
-        loop {
-            interval.tick().await;
-            let now = store::now_ms();
-            if let Err(e) = store.emit_settled_connections(now - debounce).await {
-                warn!(log, "writing connection events failed"; "error" => %e);
-            }
-            if let Err(e) = store.close_conversations(now).await {
-                warn!(log, "closing conversation windows failed"; "error" => %e);
-            }
-            let cutoff = now - ack_timeout;
-            let full = covered.is_none() || last_full.elapsed() >= WATCHDOG_FULL_EVERY;
-            let since = match covered {
-                Some(done) if !full => done - WATCHDOG_MARGIN_MS,
-                _ => cutoff - 24 * 3_600_000,
-            };
-            match store.flag_unacknowledged(cutoff, since).await {
-                Ok(n) => {
-                    covered = Some(cutoff);
-                    if full {
-                        last_full = tokio::time::Instant::now();
-                    }
-                    if n > 0 {
-                        info!(log, "messages never acknowledged as delivered"; "count" => n);
-                    }
-                }
-                Err(e) => warn!(log, "the delivery watchdog failed"; "error" => %e),
-            }
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The watchdog's window: the whole day before the cut-off at start and every
+    // WATCHDOG_FULL_EVERY (a message settled late is still found), else only what
+    // crossed the cut-off since the last run that succeeded, with a margin: every
+    // second it read the whole day's sends, which grows with the traffic.
+    let mut covered: Option<i64> = None;
+    let mut last_full = tokio::time::Instant::now();
+    while stop.tick(&mut interval).await {
+        let now = store::now_ms();
+        if let Err(e) = store.emit_settled_connections(now - debounce).await {
+            warn!(log, "writing connection events failed"; "error" => %e);
         }
-    })
+        if let Err(e) = store.close_conversations(now).await {
+            warn!(log, "closing conversation windows failed"; "error" => %e);
+        }
+        let cutoff = now - ack_timeout;
+        let full = covered.is_none() || last_full.elapsed() >= WATCHDOG_FULL_EVERY;
+        let since = match covered {
+            Some(done) if !full => done - WATCHDOG_MARGIN_MS,
+            _ => cutoff - 24 * 3_600_000,
+        };
+        match store.flag_unacknowledged(cutoff, since).await {
+            Ok(n) => {
+                covered = Some(cutoff);
+                if full {
+                    last_full = tokio::time::Instant::now();
+                }
+                if n > 0 {
+                    info!(log, "messages never acknowledged as delivered"; "count" => n);
+                }
+            }
+            Err(e) => warn!(log, "the delivery watchdog failed"; "error" => %e),
+        }
+    }
 }
 
 /// How often the delivery watchdog reads the whole day before its cut-off.
@@ -380,19 +395,16 @@ const WATCHDOG_MARGIN_MS: i64 = 60_000;
 /// sent), and their idempotency keys get that answer: at start and every second, by
 /// whichever replica gets there first (the update is conditional, so replicas never
 /// settle one row twice).
-fn spawn_orphan_sweep(store: Store, log: Logger) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(ORPHAN_SWEEP_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            match store.sweep_orphans(store::now_ms(), send::answer::orphan_answer()).await {
-                Ok(n) if n > 0 => warn!(log, "attempts orphaned by a stopped process are now unknown"; "count" => n),
-                Ok(_) => {}
-                Err(e) => warn!(log, "settling orphaned attempts failed"; "error" => %e),
-            }
+async fn orphan_sweep(store: Store, log: Logger, mut stop: Shutdown) {
+    let mut tick = tokio::time::interval(ORPHAN_SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while stop.tick(&mut tick).await {
+        match store.sweep_orphans(store::now_ms(), send::answer::orphan_answer()).await {
+            Ok(n) if n > 0 => warn!(log, "attempts orphaned by a stopped process are now unknown"; "count" => n),
+            Ok(_) => {}
+            Err(e) => warn!(log, "settling orphaned attempts failed"; "error" => %e),
         }
-    })
+    }
 }
 
 /// How often attempts of stopped processes are looked for.
@@ -400,22 +412,19 @@ const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Deletes rows past their retention (`store::retention`) every 10 minutes, the first
 /// time a minute after start.
-fn spawn_retention(store: Store, config: Arc<Config>, log: Logger) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let start = tokio::time::Instant::now() + Duration::from_secs(60);
-        let mut tick = tokio::time::interval_at(start, Duration::from_secs(600));
-        loop {
-            tick.tick().await;
-            match store.run_retention(&retention_plan(&config, store::now_ms())).await {
-                Ok(report) => {
-                    let pruned: Vec<String> =
-                        report.iter().filter(|p| p.rows > 0).map(|p| format!("{} {}", p.table, p.rows)).collect();
-                    if !pruned.is_empty() {
-                        info!(log, "retention: rows deleted"; "tables" => pruned.join(", "));
-                    }
+async fn retention(store: Store, config: Arc<Config>, log: Logger, mut stop: Shutdown) {
+    let start = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut tick = tokio::time::interval_at(start, Duration::from_secs(600));
+    while stop.tick(&mut tick).await {
+        match store.run_retention(&retention_plan(&config, store::now_ms())).await {
+            Ok(report) => {
+                let pruned: Vec<String> =
+                    report.iter().filter(|p| p.rows > 0).map(|p| format!("{} {}", p.table, p.rows)).collect();
+                if !pruned.is_empty() {
+                    info!(log, "retention: rows deleted"; "tables" => pruned.join(", "));
                 }
-                Err(e) => warn!(log, "retention run failed"; "error" => %e),
             }
+            Err(e) => warn!(log, "retention run failed"; "error" => %e),
         }
-    })
+    }
 }

@@ -307,8 +307,11 @@ fn an_evaluation_in_flight_finishes_on_the_module_it_started_with() {
 async fn start(settings: &PolicySettings, dir: &std::path::Path) -> (PolicyControl, Arc<PolicyHost>) {
     let host = Arc::new(host_with(settings));
     let log = slog::Logger::root(slog::Discard, slog::o!());
-    let (control, _task) =
-        reload::start(host.clone(), settings, Some(dir.to_path_buf()), None, log).await.expect("policy host starts");
+    // Dropped without a close: the reload job runs on until the test ends.
+    let mut tasks = gateway_server::tasks::Tasks::new(log.clone());
+    let control = reload::start(host.clone(), settings, Some(dir.to_path_buf()), None, &mut tasks, log)
+        .await
+        .expect("policy host starts");
     (control, host)
 }
 

@@ -1,13 +1,34 @@
 //! Typed configuration: TOML file (optional) plus `GATEWAY_` environment overrides.
 //!
 //! Defaults make `gateway serve` work with no file at all: 127.0.0.1:8080, SQLite in the
-//! working directory, the simulator provider, the velocity and plan limits of DESIGN.md.
+//! working directory, the simulator provider, 30 sends a minute per instance and 5 per
+//! recipient, and the starter and scale plans.
 //! The names operators rely on (`GATEWAY_DATABASE_URL`, `GATEWAY_LISTEN`, ...) are
 //! top-level keys, so the variable is the key in upper case with the prefix; a nested
 //! key is reached with a double underscore (`GATEWAY_LIMITS__INSTANCE_PER_MINUTE`).
 //! `server/examples/config.toml` documents every key and a test parses it.
+//!
+//! This file holds `Config` (the top-level keys), its loading and the environment
+//! overrides; each `[section]` has its own file, and `numbers` the range of every number.
 
+mod dashboard;
+mod limits;
+mod media;
 mod numbers;
+mod pbx;
+mod policies;
+mod retention;
+mod tls;
+mod webhooks;
+
+pub use dashboard::DashboardSettings;
+pub use limits::{PlanLimits, Plans, VelocityLimits};
+pub use media::MediaLimits;
+pub use pbx::PbxSettings;
+pub use policies::PolicySettings;
+pub use retention::RetentionSettings;
+pub use tls::TlsSettings;
+pub use webhooks::WebhookSettings;
 
 use serde::{Deserialize, Deserializer};
 use std::{collections::BTreeMap, net::SocketAddr, path::Path, time::Duration};
@@ -88,244 +109,6 @@ pub struct Config {
     pub trusted_proxies: Vec<String>,
 }
 
-/// How long each table that grows with traffic keeps its rows (the PBX event log and
-/// the webhook attempt log have theirs in `[pbx]` and `[webhooks]`). Enforced by a
-/// background job on every gateway and by `gateway retention run`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetentionSettings {
-    /// Days the message log keeps a send attempt (with its delivery states).
-    pub message_log_days: i64,
-    /// Days received messages, delivery reports, calls and connection changes are kept.
-    pub inbound_days: i64,
-    /// Hours a provider's raw event is kept once applied (for a replay by an operator).
-    pub provider_events_hours: i64,
-    /// Days a provider's raw event that failed to apply is kept (to reprocess it).
-    pub failed_provider_events_days: i64,
-    /// Days a decided review item is kept.
-    pub review_days: i64,
-    /// Days a recipient's contact record (first and last message, replies, the `@lid`
-    /// it was seen as) is kept after the last message either way. The pacing policy's
-    /// "new recipient" and "never replied" read it: a recipient forgotten is new again.
-    pub contacts_days: i64,
-}
-
-impl Default for RetentionSettings {
-    fn default() -> Self {
-        RetentionSettings {
-            message_log_days: 90,
-            inbound_days: 90,
-            provider_events_hours: 24,
-            failed_provider_events_days: 7,
-            review_days: 90,
-            contacts_days: 365,
-        }
-    }
-}
-
-/// Bounds on the work an unauthenticated sign-in can cause: a throttle per source
-/// address (beside the one per email), and a fixed number of threads that hash
-/// passwords behind a short queue; beyond them, 429 with `Retry-After` before any
-/// hashing.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DashboardSettings {
-    /// Sign-in attempts a minute per source address (IPv4 address, IPv6 /64), after
-    /// the burst.
-    pub signin_per_minute: i64,
-    /// Sign-in attempts one source address may make at once.
-    pub signin_burst: i64,
-    /// Threads hashing passwords, each holding 19 MiB while it hashes (0: one per core).
-    pub password_slots: i64,
-    /// Password jobs that may wait for a thread (0: twice the slots).
-    pub password_queue: i64,
-}
-
-impl Default for DashboardSettings {
-    fn default() -> Self {
-        DashboardSettings { signin_per_minute: 10, signin_burst: 30, password_slots: 0, password_queue: 0 }
-    }
-}
-
-/// HTTPS served by the gateway itself (rustls): both files set, or neither (plain
-/// HTTP, e.g. behind a proxy that ends TLS). The certificate is read again on SIGHUP;
-/// a pair that does not load is refused and the current one stays.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TlsSettings {
-    /// PEM certificate chain, the server's certificate first.
-    pub cert_file: Option<String>,
-    /// PEM private key (PKCS #8, PKCS #1 or SEC1), unencrypted.
-    pub key_file: Option<String>,
-}
-
-impl TlsSettings {
-    /// The two files, when both are set (HTTPS); read and checked by
-    /// [`crate::tls::TlsFiles::load`].
-    pub fn files(&self) -> Option<crate::tls::TlsFiles> {
-        let cert = self.cert_file.as_deref().filter(|f| !f.is_empty())?;
-        let key = self.key_file.as_deref().filter(|f| !f.is_empty())?;
-        Some(crate::tls::TlsFiles { cert: cert.into(), key: key.into() })
-    }
-}
-
-/// The policy host (DESIGN.md: fresh instance per evaluation, fuel, memory cap, no
-/// imports; a fault applies the fail mode, by default deny with `policy_violation`).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PolicySettings {
-    /// Load the default purpose, content and pacing modules built into the gateway.
-    #[serde(deserialize_with = "flexible_bool")]
-    pub bundled: bool,
-    /// What a module's fault (trap, out of fuel, out of memory, bad answer) decides:
-    /// `deny` (refuse, 403 `policy_violation`), `review` (refuse and queue) or `allow`
-    /// (skip the module; not recommended).
-    pub fail_mode: String,
-    /// Fuel (about one unit per WebAssembly instruction) one evaluation may use.
-    pub fuel: u64,
-    /// Linear memory one evaluation may grow to, in bytes.
-    pub memory_bytes: usize,
-    /// Largest module accepted, in bytes.
-    pub max_module_bytes: usize,
-    /// Evaluations running at once (0: one per CPU).
-    pub workers: usize,
-    /// How often the policies directory is looked at, and the store for `policy reload`
-    /// and `policy rollback` commands (ms).
-    pub poll_interval_ms: u64,
-    /// A changed directory is reloaded once it has stayed unchanged this long (ms).
-    pub debounce_ms: u64,
-    /// Where compiled modules are cached, so a restart does not recompile ("" disables).
-    pub cache_dir: String,
-    /// This many review decisions for one instance within `review_window_hours` pause it.
-    pub review_pause_threshold: i64,
-    pub review_window_hours: i64,
-}
-
-impl Default for PolicySettings {
-    fn default() -> Self {
-        PolicySettings {
-            bundled: true,
-            fail_mode: "deny".to_string(),
-            fuel: 10_000_000,
-            memory_bytes: 16 << 20,
-            max_module_bytes: 1 << 20,
-            workers: 0,
-            poll_interval_ms: 500,
-            debounce_ms: 1_000,
-            cache_dir: "gateway-cache".to_string(),
-            review_pause_threshold: 3,
-            review_window_hours: 24,
-        }
-    }
-}
-
-/// Delivery of customer webhooks (DESIGN.md: attempts after 0 s, 5 s, 5 min, 30 min,
-/// 2 h, 5 h, 10 h, 10 h with ±20 % jitter; 15 s timeout; disabled after 5 days of
-/// failures).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct WebhookSettings {
-    /// Whether this process delivers (an API-only replica may leave it to others).
-    #[serde(deserialize_with = "flexible_bool")]
-    pub dispatch: bool,
-    /// Delay before each attempt, in milliseconds; its length is the number of attempts.
-    pub schedule_ms: Vec<u64>,
-    /// Each delay varies by up to this fraction either way.
-    pub jitter: f64,
-    /// How long an endpoint has to answer.
-    pub timeout_ms: u64,
-    /// Deliveries in flight at once (per process).
-    pub concurrency: usize,
-    /// How often the dispatcher looks for due events when it found none.
-    pub poll_interval_ms: u64,
-    /// An endpoint with only failures for this long is disabled.
-    pub disable_after_hours: i64,
-    /// Days the attempt log (and finished events) are kept.
-    pub retention_days: i64,
-    /// How long a shutdown waits for deliveries in flight.
-    pub shutdown_grace_ms: u64,
-}
-
-impl Default for WebhookSettings {
-    fn default() -> Self {
-        WebhookSettings {
-            dispatch: true,
-            schedule_ms: vec![0, 5_000, 300_000, 1_800_000, 7_200_000, 18_000_000, 36_000_000, 36_000_000],
-            jitter: 0.2,
-            timeout_ms: 15_000,
-            concurrency: 64,
-            poll_interval_ms: 200,
-            disable_after_hours: 120,
-            retention_days: 30,
-            shutdown_grace_ms: 20_000,
-        }
-    }
-}
-
-/// Defaults of the PBX webhook (DESIGN.md: 60 a minute with a burst of 20; a 15-minute
-/// cooldown per integration, event type and phone).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PbxSettings {
-    /// Sustained requests a minute per integration.
-    pub rate_per_minute: i64,
-    /// Requests an idle integration may send at once.
-    pub burst: i64,
-    /// Minutes during which a caller is not messaged again for the same event type.
-    pub cooldown_minutes: i64,
-    /// Days the received-event log is kept.
-    pub event_retention_days: i64,
-}
-
-impl Default for PbxSettings {
-    fn default() -> Self {
-        PbxSettings { rate_per_minute: 60, burst: 20, cooldown_minutes: 15, event_retention_days: 30 }
-    }
-}
-
-/// Sends a minute per instance and per (instance, recipient), per plan unless a
-/// customer has a reviewed override.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct VelocityLimits {
-    pub instance_per_minute: i64,
-    pub recipient_per_minute: i64,
-}
-
-/// Limits of one plan.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PlanLimits {
-    pub instances: i64,
-    pub daily_messages: i64,
-    pub monthly_messages: i64,
-    /// Overrides `limits.instance_per_minute` for this plan.
-    #[serde(default)]
-    pub instance_per_minute: Option<i64>,
-    /// Overrides `limits.recipient_per_minute` for this plan.
-    #[serde(default)]
-    pub recipient_per_minute: Option<i64>,
-}
-
-/// The two plans of the specification.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Plans {
-    pub starter: PlanLimits,
-    pub scale: PlanLimits,
-}
-
-/// Decoded size caps per media type.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MediaLimits {
-    pub max_image_bytes: usize,
-    pub max_document_bytes: usize,
-    pub max_audio_bytes: usize,
-    /// How long fetching a media URL may take in all (redirects included).
-    pub fetch_timeout_ms: u64,
-}
-
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -358,44 +141,6 @@ impl Default for Config {
             dashboard: DashboardSettings::default(),
             retention: RetentionSettings::default(),
             trusted_proxies: Vec::new(),
-        }
-    }
-}
-
-impl Default for VelocityLimits {
-    fn default() -> Self {
-        VelocityLimits { instance_per_minute: 30, recipient_per_minute: 5 }
-    }
-}
-
-impl Default for Plans {
-    fn default() -> Self {
-        Plans {
-            starter: PlanLimits {
-                instances: 1,
-                daily_messages: 100,
-                monthly_messages: 2_000,
-                instance_per_minute: None,
-                recipient_per_minute: None,
-            },
-            scale: PlanLimits {
-                instances: 10,
-                daily_messages: 1_500,
-                monthly_messages: 30_000,
-                instance_per_minute: None,
-                recipient_per_minute: None,
-            },
-        }
-    }
-}
-
-impl Default for MediaLimits {
-    fn default() -> Self {
-        MediaLimits {
-            max_image_bytes: 5 * 1024 * 1024,
-            max_document_bytes: 16 * 1024 * 1024,
-            max_audio_bytes: 16 * 1024 * 1024,
-            fetch_timeout_ms: 10_000,
         }
     }
 }
@@ -491,12 +236,12 @@ impl Config {
         Ok(())
     }
 
-    /// The provider timeout as a duration.
     /// The gateway's base URL as providers reach it: `public_url`, else `http://{listen}`.
     pub fn public_base_url(&self) -> String {
         self.public_url.clone().filter(|u| !u.is_empty()).unwrap_or_else(|| format!("http://{}", self.listen))
     }
 
+    /// The provider timeout as a duration.
     pub fn provider_timeout(&self) -> Duration {
         Duration::from_millis(self.provider_timeout_ms)
     }

@@ -30,13 +30,13 @@ pub use super::status::{CommandResult, HostStatus, ModuleStatus, Refusal};
 use super::stored::StoredSource;
 use crate::config::PolicySettings;
 use crate::store::{Store, now_ms};
+use crate::tasks::Tasks;
 use slog::{Logger, info, warn};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 
 /// How often a gateway writes its status when nothing changes.
 const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -144,15 +144,18 @@ struct Presence {
 }
 
 /// Loads the bundled modules and the directory, makes them live, and starts the
-/// reload task. Fails if a bundled module is refused (the gateway must not start
-/// without its defaults); a refused directory module is only reported.
+/// reload task as the job `policy reload` of `tasks` (at shutdown it finishes the
+/// reload, request or poll in progress and stops). Fails if a bundled module is
+/// refused (the gateway must not start without its defaults); a refused directory
+/// module is only reported.
 pub async fn start(
     host: Arc<PolicyHost>,
     settings: &PolicySettings,
     dir: Option<PathBuf>,
     store: Option<Store>,
+    tasks: &mut Tasks,
     log: Logger,
-) -> Result<(PolicyControl, JoinHandle<()>), ReloadError> {
+) -> Result<PolicyControl, ReloadError> {
     let mut bundled = Vec::new();
     if settings.bundled {
         for (name, bytes) in bundled::MODULES {
@@ -206,12 +209,13 @@ pub async fn start(
     let (requests, mut inbox) = mpsc::channel(16);
     let tick = Duration::from_millis(settings.poll_interval_ms.max(10));
     let debounce = Duration::from_millis(settings.debounce_ms);
-    let task = tokio::spawn(async move {
+    tasks.spawn("policy reload", move |mut stop| async move {
         let mut interval = tokio::time::interval(tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_report = Instant::now();
         loop {
             tokio::select! {
+                _ = stop.stopped() => return,
                 request = inbox.recv() => match request {
                     Some(Request::Reload(reply)) => {
                         let _ = reply.send(reloader.reload_dir().await);
@@ -240,7 +244,7 @@ pub async fn start(
             }
         }
     });
-    Ok((PolicyControl { host, requests, status }, task))
+    Ok(PolicyControl { host, requests, status })
 }
 
 pub(super) async fn load_off_thread(

@@ -3,13 +3,14 @@
 //! LISTENs on `gateway_cache` (a trigger NOTIFYs at commit); on SQLite it polls the
 //! `cache_changes` rows triggers add, which also hears other processes on the file
 //! (`gateway key revoke` from the CLI). While the listener is away, entries still
-//! expire after `cache::TTL`; when it is back, everything is forgotten once.
+//! expire after `cache::TTL`; when it is back, everything is forgotten once. The
+//! follower is a job of the server's task runner (`crate::tasks`).
 
 use super::{Backend, Store};
+use crate::tasks::{Shutdown, Tasks};
 use slog::{Logger, info, warn};
 use sqlx::Row;
 use std::time::Duration;
-use tokio::task::JoinHandle;
 
 /// How often SQLite's change rows are read.
 const POLL: Duration = Duration::from_millis(200);
@@ -17,13 +18,21 @@ const POLL: Duration = Duration::from_millis(200);
 const KEEP_MS: i64 = 60_000;
 
 impl Store {
-    /// Starts following changes; the task runs until aborted.
-    pub fn spawn_cache_invalidation(&self, log: Logger) -> JoinHandle<()> {
+    /// Starts following changes as the job `cache invalidation` of `tasks`, until
+    /// shutdown. SQLite's poll finishes the read (and prune) in progress; PostgreSQL's
+    /// listener only ever waits (to connect, for a notification), and stops at once.
+    pub fn spawn_cache_invalidation(&self, tasks: &mut Tasks, log: Logger) {
         let store = self.clone();
-        match self.backend {
-            Backend::Postgres => tokio::spawn(async move { store.listen(log).await }),
-            Backend::Sqlite => tokio::spawn(async move { store.poll_changes(log).await }),
-        }
+        tasks.spawn("cache invalidation", move |mut stop| async move {
+            match store.backend {
+                Backend::Postgres => tokio::select! {
+                    biased;
+                    _ = stop.stopped() => {}
+                    _ = store.listen(log) => {}
+                },
+                Backend::Sqlite => store.poll_changes(log, stop).await,
+            }
+        });
     }
 
     async fn listen(&self, log: Logger) {
@@ -58,7 +67,7 @@ impl Store {
         }
     }
 
-    async fn poll_changes(&self, log: Logger) {
+    async fn poll_changes(&self, log: Logger, mut stop: Shutdown) {
         let mut seen = match sqlx::query("SELECT COALESCE(MAX(id), 0) AS id FROM cache_changes")
             .fetch_one(&self.read)
             .await
@@ -73,8 +82,7 @@ impl Store {
         let mut tick = tokio::time::interval(POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut polls = 0u64;
-        loop {
-            tick.tick().await;
+        while stop.tick(&mut tick).await {
             let rows = sqlx::query("SELECT id, tbl, key FROM cache_changes WHERE id > $1 ORDER BY id")
                 .bind(seen)
                 .fetch_all(&self.read)

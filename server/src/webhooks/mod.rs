@@ -8,7 +8,7 @@
 //! end of the schedule; a crash after a delivery but before its record repeats it, and
 //! the stable `X-Gateway-Event-Id` lets the receiver drop the repeat.
 //!
-//! Policy (docs/architecture.md, Decisions): attempts after 0 s, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h,
+//! Policy (the defaults of `[webhooks]`): attempts after 0 s, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h,
 //! each ±20 %; 15 s to answer; only 2xx is success; redirects are never followed; 410
 //! disables the endpoint; 429 and 503 honour `Retry-After` within [d, 2d]; an endpoint
 //! with only failures for 5 days is disabled (its owner sees why; an operator log line
@@ -22,13 +22,14 @@ pub mod schedule;
 use crate::config::WebhookSettings;
 use crate::net::{guarded, ssrf};
 use crate::store::{ClaimedEvent, EndpointChange, EventState, Store, WebhookAttempt, WebhookEndpoint, now_ms};
+use crate::tasks::{Shutdown, Tasks};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use slog::{Logger, debug, error, info, warn};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 /// How much of a response body the attempt log keeps.
@@ -176,20 +177,9 @@ pub struct Dispatcher {
     log: Logger,
 }
 
-/// A running dispatcher; [`DispatcherHandle::shutdown`] stops it gracefully.
-pub struct DispatcherHandle {
-    stop: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl DispatcherHandle {
-    /// Stops claiming, lets deliveries in flight finish within the grace period, and
-    /// gives back the claims of those that did not.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        let _ = self.task.await;
-    }
-}
+/// The dispatcher's name in the server's task runner (`crate::tasks`), which stops it
+/// before the other jobs.
+pub const JOB: &str = "webhook dispatcher";
 
 impl Dispatcher {
     pub fn new(store: Store, settings: WebhookSettings, allow_loopback: bool, log: Logger) -> Arc<Dispatcher> {
@@ -197,14 +187,14 @@ impl Dispatcher {
         Arc::new(Dispatcher { store, client, settings, allow_loopback, log })
     }
 
-    /// Starts the claim loop.
-    pub fn spawn(self: Arc<Self>) -> DispatcherHandle {
-        let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(self.run(stopped));
-        DispatcherHandle { stop, task }
+    /// Starts the claim loop as the job [`JOB`] of `tasks`. Told to stop, it stops
+    /// claiming, lets deliveries in flight finish within the grace period
+    /// (`shutdown_grace_ms`), and gives back the claims of those that did not.
+    pub fn spawn(self: Arc<Self>, tasks: &mut Tasks) {
+        tasks.spawn(JOB, move |stop| self.run(stop));
     }
 
-    async fn run(self: Arc<Self>, mut stopped: watch::Receiver<bool>) {
+    async fn run(self: Arc<Self>, mut stopped: Shutdown) {
         let concurrency = self.settings.concurrency.max(1);
         let permits = Arc::new(Semaphore::new(concurrency));
         let mut in_flight: JoinSet<i64> = JoinSet::new();
@@ -213,7 +203,7 @@ impl Dispatcher {
         let poll = Duration::from_millis(self.settings.poll_interval_ms.max(10));
         info!(self.log, "webhook dispatcher started"; "concurrency" => concurrency);
         loop {
-            if *stopped.borrow() {
+            if stopped.is_stopping() {
                 break;
             }
             while let Some(done) = in_flight.try_join_next() {
@@ -231,7 +221,7 @@ impl Dispatcher {
                             running.remove(&id);
                         }
                     }
-                    _ = stopped.changed() => {}
+                    _ = stopped.stopped() => {}
                 }
                 continue;
             }
@@ -246,7 +236,7 @@ impl Dispatcher {
             if claimed.is_empty() {
                 tokio::select! {
                     _ = tokio::time::sleep(poll) => {}
-                    _ = stopped.changed() => {}
+                    _ = stopped.stopped() => {}
                 }
                 continue;
             }
