@@ -314,7 +314,8 @@ async fn modules_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Resu
         let (form, viewer) = operator_post(&rqctx, &body).await?;
         let store = &rqctx.context().store;
         let customer = store.customer(&path.into_inner().id).await?;
-        ops::customers::set_modules(store, &customer.id, Some(form.get("api") == "on"), Some(form.get("pbx") == "on")).await?;
+        ops::customers::set_modules(store, &customer.id, Some(form.get("api") == "on"), Some(form.get("pbx") == "on"))
+            .await?;
         info!(rqctx.log, "modules set"; "by" => &viewer.user.id, "customer_id" => &customer.id);
         Ok(redirect(&format!("/operator/customers/{}?done=modules", customer.id)))
     })
@@ -408,7 +409,8 @@ async fn pause_post(rqctx: Ctx, path: Path<IdPath>, body: UntypedBody) -> Result
     page(&rqctx, async {
         let (form, viewer) = operator_post(&rqctx, &body).await?;
         let reason: String = form.opt("reason").unwrap_or("review").chars().take(200).collect();
-        let instance = ops::instances::pause_instance(&rqctx.context().store, &path.into_inner().id, Some(&reason)).await?;
+        let instance =
+            ops::instances::pause_instance(&rqctx.context().store, &path.into_inner().id, Some(&reason)).await?;
         info!(rqctx.log, "instance paused"; "by" => &viewer.user.id, "instance_id" => &instance.id);
         Ok(redirect("/operator/instances?done=paused"))
     })

@@ -148,7 +148,14 @@ async fn review_decide_post(
         };
         let note: Option<String> = form.opt("note").map(|n| n.chars().take(500).collect());
         let id = path.into_inner().id;
-        let entry = crate::ops::reviews::decide_review(&rqctx.context().store, id, verdict, &viewer.user.email, note.as_deref()).await?;
+        let entry = crate::ops::reviews::decide_review(
+            &rqctx.context().store,
+            id,
+            verdict,
+            &viewer.user.email,
+            note.as_deref(),
+        )
+        .await?;
         info!(rqctx.log, "review decided"; "by" => &viewer.user.id, "review_id" => id, "verdict" => verdict,
               "instance_id" => &entry.instance_id);
         Ok(redirect(&format!("/operator/reviews?done={verdict}")))

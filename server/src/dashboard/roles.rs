@@ -148,7 +148,11 @@ mod tests {
             let roles = [Role::Owner, Role::Admin, Role::Developer, Role::Viewer, Role::Operator];
             assert_eq!(cells.len(), roles.len(), "{row}");
             for (role, cell) in roles.iter().zip(cells) {
-                assert_eq!(cell == "yes", role.may(action), "docs/dashboard.md says {cell:?} for {role:?} / {description}");
+                assert_eq!(
+                    cell == "yes",
+                    role.may(action),
+                    "docs/dashboard.md says {cell:?} for {role:?} / {description}"
+                );
             }
         }
     }
