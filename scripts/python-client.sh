@@ -20,6 +20,7 @@
 # imported from there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/pinned-venv.sh
 
 REQUIREMENTS=scripts/requirements-python-client.txt
 # not GATEWAY_*: the gateway reads those as configuration
@@ -36,12 +37,7 @@ server_pid=
 check_pid=
 cleanup() {
     if [ -n "$check_pid" ]; then kill "$check_pid" 2>/dev/null || true; fi
-    if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-        kill "$server_pid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-    fi
+    stop_gateway "$server_pid"
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -52,30 +48,7 @@ trap 'exit 130' INT TERM
 # pins were made on 3.13, so: PYTHON_CLIENT_PYTHON if set, else the first of python3.13,
 # pyenv's 3.13, python3.12, pyenv's 3.12 and python3 that is CPython 3.11 to 3.13 (the
 # pip check below tells when the pins do not fit it).
-fits() {
-    "$1" -c 'import sys; v = sys.version_info[:2]; sys.exit(not (sys.implementation.name == "cpython" and (3, 11) <= v < (3, 14)))' 2>/dev/null
-}
-pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
-if [ -n "${PYTHON_CLIENT_PYTHON:-}" ]; then
-    candidates=("$PYTHON_CLIENT_PYTHON")
-else
-    # (a glob that matches nothing, or a pyenv shim of a version not selected, fails the
-    # check and is passed over)
-    candidates=(python3.13 "$pyenv_root"/versions/3.13.*/bin/python3.13
-        python3.12 "$pyenv_root"/versions/3.12.*/bin/python3.12 python3)
-fi
-PY=
-for candidate in "${candidates[@]}"; do
-    if fits "$candidate"; then
-        PY=$("$candidate" -c 'import sys; print(sys.executable)')
-        break
-    fi
-done
-if [ -z "$PY" ]; then
-    echo "python-client.sh: none of ${candidates[*]} is CPython 3.11 to 3.13" >&2
-    echo "  (python3 is $(python3 --version 2>&1)): put one on PATH, or set PYTHON_CLIENT_PYTHON." >&2
-    exit 1
-fi
+pick_python python-client.sh "${PYTHON_CLIENT_PYTHON:-}" "3, 11, 0" || exit 1
 
 # ---- openapi-python-client and everything it pulls in, pinned with hashes, from PyPI ----
 # As scripts/schemathesis.sh does: every package at an exact version and every file
@@ -89,30 +62,7 @@ else
     VENV=${PYTHON_CLIENT_VENV:-target/python-client-venv}
 fi
 case "$VENV" in /*) ;; *) VENV=$PWD/$VENV ;; esac
-stamp="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1) $PY $("$PY" -c 'import sys; print(sys.version.split()[0])')"
-if [ "$(cat "$VENV/gateway-requirements.stamp" 2>/dev/null)" != "$stamp" ] \
-        || ! "$VENV/bin/openapi-python-client" --version >/dev/null 2>&1; then
-    rm -rf "$VENV"
-    if ! "$PY" -m venv "$VENV" 2>/dev/null; then
-        # Debian's python3 has no venv module until python3-venv is installed.
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-            rm -rf "$VENV"
-            "$PY" -m venv "$VENV"
-        else
-            echo "python-client.sh: $PY cannot make a venv (Debian: apt-get install python3-venv)" >&2
-            exit 1
-        fi
-    fi
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-        --require-hashes --no-deps --only-binary :all: -r "$REQUIREMENTS"
-    # The pinned tree is whole and consistent for this interpreter.
-    if ! check=$("$VENV/bin/pip" check --disable-pip-version-check 2>&1); then
-        echo "python-client.sh: $REQUIREMENTS does not fit $PY: $check" >&2
-        exit 1
-    fi
-    echo "$stamp" >"$VENV/gateway-requirements.stamp"
-fi
+pinned_venv python-client.sh "$VENV" "$REQUIREMENTS" openapi-python-client || exit 1
 echo "$("$VENV/bin/openapi-python-client" --version) on $("$VENV/bin/python" --version) ($PY)"
 
 # ---- the Python client, from the committed contract ----

@@ -15,6 +15,7 @@
 # stops it on exit, whatever happens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/pinned-venv.sh
 
 REQUIREMENTS=scripts/requirements-schemathesis.txt
 BIN=${ST_GATEWAY_BIN:-target/debug/gateway}  # not GATEWAY_*: the gateway reads those as configuration
@@ -30,12 +31,7 @@ server_pid=
 st_pid=
 cleanup() {
     if [ -n "$st_pid" ]; then kill "$st_pid" 2>/dev/null || true; fi
-    if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
-        kill "$server_pid" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$server_pid" 2>/dev/null || true
-        wait "$server_pid" 2>/dev/null || true
-    fi
+    stop_gateway "$server_pid"
     rm -rf "$work"
 }
 trap cleanup EXIT
@@ -57,32 +53,7 @@ trap 'exit 130' INT TERM
 # python3.13, pyenv's 3.13, python3.12, pyenv's 3.12 and python3 that is CPython 3.11.8
 # or later, below 3.14 (the pins were made on 3.13 and run on 3.13 and 3.12; the pip
 # check below tells when they do not fit another).
-unaffected() {
-    "$1" -c 'import sys; v = sys.version_info[:3]; sys.exit(not (sys.implementation.name == "cpython" and (3, 11, 8) <= v < (3, 14)))' 2>/dev/null
-}
-pyenv_root=${PYENV_ROOT:-$HOME/.pyenv}
-if [ -n "${SCHEMATHESIS_PYTHON:-}" ]; then
-    candidates=("$SCHEMATHESIS_PYTHON")
-else
-    # (a glob that matches nothing, or a pyenv shim of a version not selected, fails the
-    # check and is passed over)
-    candidates=(python3.13 "$pyenv_root"/versions/3.13.*/bin/python3.13
-        python3.12 "$pyenv_root"/versions/3.12.*/bin/python3.12 python3)
-fi
-PY=
-for candidate in "${candidates[@]}"; do
-    if unaffected "$candidate"; then
-        PY=$("$candidate" -c 'import sys; print(sys.executable)')
-        break
-    fi
-done
-if [ -z "$PY" ]; then
-    echo "schemathesis.sh: none of ${candidates[*]} is CPython 3.11.8 or later, below 3.14" >&2
-    echo "  (python3 is $(python3 --version 2>&1)). CPython 3.11 before 3.11.8 fails at random" >&2
-    echo "  under Schemathesis (python/cpython#106905): put CPython 3.13 or 3.12 on PATH, or" >&2
-    echo "  set SCHEMATHESIS_PYTHON." >&2
-    exit 1
-fi
+pick_python schemathesis.sh "${SCHEMATHESIS_PYTHON:-}" "3, 11, 8" || exit 1
 
 # ---- Schemathesis and everything it pulls in, pinned with hashes, from PyPI ----
 # Every package at an exact version and every file checked against its sha256
@@ -96,30 +67,7 @@ if $fresh_venv; then
 else
     VENV=${SCHEMATHESIS_VENV:-target/schemathesis-venv}
 fi
-stamp="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1) $PY $("$PY" -c 'import sys; print(sys.version.split()[0])')"
-if [ "$(cat "$VENV/gateway-requirements.stamp" 2>/dev/null)" != "$stamp" ] \
-        || ! "$VENV/bin/st" --version >/dev/null 2>&1; then
-    rm -rf "$VENV"
-    if ! "$PY" -m venv "$VENV" 2>/dev/null; then
-        # Debian's python3 has no venv module until python3-venv is installed.
-        if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
-            rm -rf "$VENV"
-            "$PY" -m venv "$VENV"
-        else
-            echo "schemathesis.sh: $PY cannot make a venv (Debian: apt-get install python3-venv)" >&2
-            exit 1
-        fi
-    fi
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check \
-        --require-hashes --no-deps --only-binary :all: -r "$REQUIREMENTS"
-    # The pinned tree is whole and consistent for this interpreter.
-    if ! check=$("$VENV/bin/pip" check --disable-pip-version-check 2>&1); then
-        echo "schemathesis.sh: $REQUIREMENTS does not fit $PY: $check" >&2
-        exit 1
-    fi
-    echo "$stamp" >"$VENV/gateway-requirements.stamp"
-fi
+pinned_venv schemathesis.sh "$VENV" "$REQUIREMENTS" st || exit 1
 echo "$("$VENV/bin/st" --version) on $("$VENV/bin/python" --version) ($PY)"
 
 # ---- the gateway ----
