@@ -20,7 +20,7 @@
 # imported from there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/lib/pinned-venv.sh
+. scripts/lib/python-harness.sh
 
 REQUIREMENTS=scripts/requirements-python-client.txt
 # not GATEWAY_*: the gateway reads those as configuration
@@ -102,22 +102,7 @@ pbx=$(gw pbx create --customer "$customer" --instance "$instance_name" --busines
 integration=$(field integration_id <<<"$pbx")
 pbx_secret=$(field webhook_secret <<<"$pbx")
 
-port=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$BIN" serve --listen "127.0.0.1:$port" >"$work/serve.out" 2>"$work/gateway.log" &  # not through gw(): $! must be the gateway
-server_pid=$!
-# Up to 60 s: a first start compiles the policy modules.
-ready() { python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
-    "http://127.0.0.1:$port/openapi.json" 2>/dev/null; }
-for _ in $(seq 300); do
-    ready && break
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.2
-done
-if ! ready; then
-    tail -n 20 "$work/gateway.log" >&2
-    echo "python-client.sh: the gateway did not start" >&2
-    exit 1
-fi
+start_gateway python-client.sh || exit 1
 
 # ---- the checks, through the generated client ----
 # In the background, so that a signal to this script is handled at once.

@@ -15,7 +15,7 @@
 # stops it on exit, whatever happens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. scripts/lib/pinned-venv.sh
+. scripts/lib/python-harness.sh
 
 REQUIREMENTS=scripts/requirements-schemathesis.txt
 BIN=${ST_GATEWAY_BIN:-target/debug/gateway}  # not GATEWAY_*: the gateway reads those as configuration
@@ -103,22 +103,7 @@ for event in missed_call voicemail after_hours queue_callback call_started call_
         --text "{{business_name}}: about your call at {{call_time}}, we will call you back." >/dev/null
 done
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-"$BIN" serve --listen "127.0.0.1:$port" >"$work/serve.out" 2>"$work/gateway.log" &  # not through gw(): $! must be the gateway
-server_pid=$!
-# Up to 60 s: a first start compiles the policy modules.
-ready() { python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
-    "http://127.0.0.1:$port/openapi.json" 2>/dev/null; }
-for _ in $(seq 300); do
-    ready && break
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.2
-done
-if ! ready; then
-    tail -n 20 "$work/gateway.log" >&2
-    echo "schemathesis.sh: the gateway did not start" >&2
-    exit 1
-fi
+start_gateway schemathesis.sh || exit 1
 
 # ---- Schemathesis ----
 # In the background, so that a signal to this script is handled at once (the EXIT trap

@@ -1,6 +1,6 @@
 # Shared by scripts/schemathesis.sh and scripts/python-client.sh (sourced, from the
 # repository root): the interpreter, a venv installed exactly as a pinned file says, and
-# stopping a background gateway.
+# a gateway started on loopback and stopped again.
 
 # pick_python SCRIPT OVERRIDE MIN: sets PY to OVERRIDE if set, else to the first of
 # python3.13, pyenv's 3.13, python3.12, pyenv's 3.12 and python3 that is CPython MIN
@@ -72,4 +72,27 @@ stop_gateway() {
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
+}
+
+# start_gateway SCRIPT: runs "$BIN serve" on a free loopback port (its output in
+# $work/serve.out and $work/gateway.log) and waits up to 60 s for it to answer (a first
+# start compiles the policy modules); sets port and server_pid, the gateway's own pid.
+start_gateway() {
+    local script=$1
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$BIN" serve --listen "127.0.0.1:$port" >"$work/serve.out" 2>"$work/gateway.log" &
+    server_pid=$!
+    for _ in $(seq 300); do
+        gateway_ready && return 0
+        kill -0 "$server_pid" 2>/dev/null || break
+        sleep 0.2
+    done
+    gateway_ready && return 0
+    tail -n 20 "$work/gateway.log" >&2
+    echo "$script: the gateway did not start" >&2
+    return 1
+}
+gateway_ready() {
+    python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+        "http://127.0.0.1:$port/openapi.json" 2>/dev/null
 }
