@@ -25,11 +25,6 @@ use tokio::time::{Instant, Interval};
 pub struct Shutdown(watch::Receiver<bool>);
 
 impl Shutdown {
-    /// A signal that never comes (a job run outside a runner, e.g. in a test).
-    pub fn never() -> Shutdown {
-        Shutdown(watch::channel(false).1)
-    }
-
     /// Whether the job was told to stop.
     pub fn is_stopping(&self) -> bool {
         *self.0.borrow()
@@ -51,15 +46,6 @@ impl Shutdown {
             biased;
             _ = self.stopped() => false,
             _ = interval.tick() => true,
-        }
-    }
-
-    /// Sleeps `duration`: `true` when it passed, `false` once the job is told to stop.
-    pub async fn sleep(&mut self, duration: Duration) -> bool {
-        tokio::select! {
-            biased;
-            _ = self.stopped() => false,
-            _ = tokio::time::sleep(duration) => true,
         }
     }
 }
@@ -102,7 +88,8 @@ impl Tasks {
     }
 
     /// The names of the jobs, in the order they were registered.
-    pub fn names(&self) -> Vec<&'static str> {
+    #[cfg(test)]
+    fn names(&self) -> Vec<&'static str> {
         self.jobs.iter().map(|j| j.name).collect()
     }
 
@@ -300,15 +287,5 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(lines.warnings().is_empty(), "{:?}", lines.warnings());
-    }
-
-    #[tokio::test]
-    async fn a_signal_without_a_runner_never_comes() {
-        let mut never = Shutdown::never();
-        assert!(!never.is_stopping());
-        let waited = tokio::time::timeout(Duration::from_millis(50), never.stopped()).await;
-        assert!(waited.is_err());
-        let mut interval = tokio::time::interval(Duration::from_millis(1));
-        assert!(never.tick(&mut interval).await);
     }
 }
