@@ -104,3 +104,25 @@ mod tests {
         assert_eq!(days_ms(2), 172_800_000);
     }
 }
+
+/// A look-back of `policy backtest` and `policy shadow`: at most 90 days.
+pub const LOOKBACK_MS: RangeInclusive<i64> = 1_000..=90 * 86_400_000;
+/// Sends one backtest or shadow report reads at most.
+pub const REPORT_LIMIT: RangeInclusive<u64> = 1..=10_000_000;
+
+/// A duration such as `90s`, `30m`, `24h` or `7d`, in milliseconds, within
+/// [`LOOKBACK_MS`].
+pub fn duration_ms(name: &str, raw: &str) -> Result<i64, String> {
+    let raw = raw.trim();
+    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
+    let (digits, unit) = raw.split_at(split);
+    let unit_ms = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{name} {raw:?}: a number and s, m, h or d (24h, 7d)")),
+    };
+    let n: i64 = digits.parse().map_err(|_| format!("{name} {raw:?}: a number and s, m, h or d (24h, 7d)"))?;
+    within(name, n.saturating_mul(unit_ms), &LOOKBACK_MS)
+}

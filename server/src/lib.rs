@@ -66,6 +66,7 @@ pub fn retention_plan(config: &Config, now: i64) -> store::retention::RetentionP
         webhooks_before: now.saturating_sub(days_ms(config.webhooks.retention_days)),
         pbx_events_before: now.saturating_sub(days_ms(config.pbx.event_retention_days)),
         pbx_signatures_before_seconds: (now / 1000).saturating_sub(2 * pbx::auth::TOLERANCE_SECONDS),
+        policy_inputs_before: now.saturating_sub(days_ms(config.policies.input_retention_days)),
     }
 }
 
@@ -274,7 +275,11 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
         }
     };
     let send_log = log.new(slog::o!("component" => "send"));
-    let sender = send::Sender::new(store.clone(), parts.provider, engine, config.clone(), send_log);
+    let mut sender = send::Sender::new(store.clone(), parts.provider, engine, config.clone(), send_log);
+    if config.policies.input_retention_days > 0 {
+        let log = log.new(slog::o!("component" => "policy inputs"));
+        sender.keep_inputs(policy::inputs::Inputs::start(store.clone(), &mut tasks, log));
+    }
     let settling = sender.settling();
     let mut state = state::AppState::new(store.clone(), sender, config.clone());
     state.policies = policies.clone();

@@ -12,8 +12,10 @@ use gateway_server::config::PolicySettings;
 use gateway_server::policy::host::PolicyHost;
 use gateway_server::policy::module::{LoadError, LoadedModule};
 use gateway_server::policy::reload::{self, PolicyControl};
+use gateway_server::policy::rollout::Variant;
 use gateway_server::policy::sandbox::Fault;
 use gateway_server::policy::{Decision, bundled};
+use gateway_server::store::{Rollout, RolloutMode};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -275,6 +277,105 @@ fn a_fault_applies_the_fail_mode() {
         assert_eq!(outcome.trace[0].decision, "fault");
         assert_eq!(outcome.trace[0].fault, Some("out_of_fuel"));
     }
+}
+
+fn variant(module: LoadedModule, rollout: Rollout) -> Variant {
+    Variant { module: Arc::new(module), rollout }
+}
+
+/// A shadow that traps, runs out of fuel or answers nonsense changes nothing: the
+/// decision and the deciding modules' trace are as without it; the shadow is traced
+/// as a fault and counted as an error. One that disagrees is counted by its change.
+#[test]
+fn a_shadow_never_changes_a_decision_even_when_it_fails() {
+    let host = host();
+    let shadow = Rollout { mode: RolloutMode::Shadow, ..Rollout::default() };
+    let bad_code = Behaviour::Deny { code: "NOT A CODE", reason: "x", risk: 10 };
+    let deny = Behaviour::Deny { code: "held", reason: "held", risk: 90 };
+    for (name, behaviour, change) in [
+        ("trap", Behaviour::Trap, "error"),
+        ("loop", Behaviour::Loop, "error"),
+        ("nonsense", bad_code, "error"),
+        ("ok", deny, "allow->deny"),
+    ] {
+        let module = load(&host, &wasm::policy(name, "9.0.0", "content", &behaviour, "[]"));
+        let before = gateway_server::metrics::get().policy_shadow_changes.with_label_values(&[name, change]).get();
+        host.install_with(vec![Arc::new(allow_module(&host))], vec![variant(module, shadow.clone())]);
+        let outcome = host.evaluate_blocking(&content_context(), &host.current());
+        assert_eq!(outcome.decision, Decision::Allow, "{name}");
+        let seen: Vec<(&str, &str, Option<&str>)> =
+            outcome.trace.iter().map(|t| (t.module.as_str(), t.decision, t.mode)).collect();
+        let shadow_decision = if change == "error" { "fault" } else { "deny" };
+        assert_eq!(seen, [("ok", "allow", None), (name, shadow_decision, Some("shadow"))], "{name}");
+        let after = gateway_server::metrics::get().policy_shadow_changes.with_label_values(&[name, change]).get();
+        assert_eq!(after, before + 1, "{name}: {change} counted");
+    }
+}
+
+/// Scope: a customer's own install before a plan's, and either instead of the live
+/// module of its name; under a new name, in addition. Canary: a stable share by a hash
+/// of the send, the live module for the rest.
+#[test]
+fn the_rollout_plan_picks_who_decides_each_send() {
+    use gateway_server::policy::rollout::{Role, bucket, plan};
+    let host = host();
+    let review = |name: &str, reason: &'static str| {
+        load(&host, &wasm::policy(name, "1.0.0", "content", &Behaviour::Review { reason, risk: 10 }, "[]"))
+    };
+    let for_plan = Rollout { plans: vec!["starter".into()], ..Rollout::default() };
+    let for_customer = Rollout { customers: vec!["cus_a".into()], ..Rollout::default() };
+    host.install_with(
+        vec![Arc::new(review("content", "live"))],
+        vec![
+            variant(review("content", "by customer"), for_customer.clone()),
+            variant(review("content", "by plan"), for_plan.clone()),
+            variant(review("extra", "extra"), for_plan),
+        ],
+    );
+    let set = host.current();
+    let ctx = |customer: &str, plan: &str| {
+        let mut ctx = content_context();
+        ctx.customer.id = customer.into();
+        ctx.customer.plan = plan.into();
+        ctx
+    };
+    let decided = |ctx: &Context| match host.evaluate_blocking(ctx, &set).decision {
+        Decision::Review { reason, .. } => reason,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(decided(&ctx("cus_a", "starter")), "by customer");
+    assert_eq!(decided(&ctx("cus_b", "starter")), "by plan");
+    assert_eq!(decided(&ctx("cus_c", "scale")), "live");
+    let roles = |ctx: &Context| -> Vec<(String, Role)> {
+        plan(&set, ctx, false).deciders.iter().map(|(m, r)| (m.metadata.name.clone(), *r)).collect()
+    };
+    assert_eq!(roles(&ctx("cus_b", "starter")), [("content".into(), Role::Scoped), ("extra".into(), Role::Scoped)]);
+    assert_eq!(roles(&ctx("cus_c", "scale")), [("content".to_string(), Role::Live)]);
+
+    let canary = Rollout { mode: RolloutMode::Canary(25), ..Rollout::default() };
+    host.install_with(vec![Arc::new(review("content", "live"))], vec![variant(review("content", "canary"), canary)]);
+    let set = host.current();
+    let mut by_canary = 0;
+    for i in 0..400 {
+        let mut ctx = content_context();
+        ctx.text = Some(format!("Your order {i} has shipped"));
+        let reason = match host.evaluate_blocking(&ctx, &set).decision {
+            Decision::Review { reason, .. } => reason,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(reason == "canary", bucket(&ctx) < 25, "the bucket decides");
+        ctx.stage = Stage::Purpose;
+        assert_eq!(
+            bucket(&ctx),
+            bucket(&{
+                ctx.stage = Stage::Content;
+                ctx.clone()
+            }),
+            "the same at every stage"
+        );
+        by_canary += usize::from(reason == "canary");
+    }
+    assert!((70..=130).contains(&by_canary), "about 25 % of 400: {by_canary}");
 }
 
 #[test]

@@ -18,6 +18,7 @@ mod pbx;
 mod policies;
 mod privacy;
 mod replicas;
+mod rollout;
 mod sending;
 mod store;
 mod webhooks;

@@ -364,6 +364,7 @@ mod tests {
             "cache_dir",
             "review_pause_threshold",
             "review_window_hours",
+            "input_retention_days",
             "trusted_proxies",
             "[dashboard]",
             "signin_per_minute",

@@ -59,6 +59,7 @@ pub fn all(config: &Config) -> Vec<Number> {
         number("policies.debounce_ms", p.debounce_ms, &(0u64..=600_000)),
         number("policies.review_pause_threshold", p.review_pause_threshold, &(1i64..=1_000)),
         number("policies.review_window_hours", p.review_window_hours, &(1i64..=720)),
+        number("policies.input_retention_days", p.input_retention_days, &(0i64..=90)),
         number("dashboard.signin_per_minute", d.signin_per_minute, &bounds::SIGNIN_PER_MINUTE),
         number("dashboard.signin_burst", d.signin_burst, &bounds::SIGNIN_BURST),
         number("dashboard.password_slots", d.password_slots, &bounds::PASSWORD_SLOTS),

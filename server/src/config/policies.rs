@@ -34,6 +34,9 @@ pub struct PolicySettings {
     /// This many review decisions for one instance within `review_window_hours` pause it.
     pub review_pause_threshold: i64,
     pub review_window_hours: i64,
+    /// Days the inputs every send's modules saw (the message context, text included)
+    /// are kept for `gateway policy backtest` (0: none are kept, and backtesting is off).
+    pub input_retention_days: i64,
 }
 
 impl Default for PolicySettings {
@@ -50,6 +53,7 @@ impl Default for PolicySettings {
             cache_dir: "gateway-cache".to_string(),
             review_pause_threshold: 3,
             review_window_hours: 24,
+            input_retention_days: 7,
         }
     }
 }

@@ -28,6 +28,8 @@ pub struct Metrics {
     pub http_duration: HistogramVec,
     pub sends: IntCounterVec,
     pub policy_evaluation: HistogramVec,
+    pub policy_shadow_changes: IntCounterVec,
+    pub policy_inputs_dropped: IntCounter,
     pub provider_request: HistogramVec,
     pub webhook_attempts: IntCounterVec,
     pub pbx_events: IntCounterVec,
@@ -154,6 +156,17 @@ impl Metrics {
                 &["module"],
                 POLICY_SECONDS,
             ),
+            policy_shadow_changes: counter(
+                &registry,
+                "gateway_policy_shadow_changes_total",
+                "Shadow module evaluations by module and how the shadow's verdict compares with what decided (same, allow->deny, ..., error when the shadow failed).",
+                &["module", "change"],
+            ),
+            policy_inputs_dropped: plain_counter(
+                &registry,
+                "gateway_policy_inputs_dropped_total",
+                "Policy inputs not kept for backtesting because their queue was full or the store refused the batch; a send never waits on them.",
+            ),
             provider_request: histogram(
                 &registry,
                 "gateway_provider_request_seconds",
@@ -241,6 +254,9 @@ impl Metrics {
         }
         for module in &known.modules {
             self.policy_evaluation.with_label_values(&[module]);
+            for change in crate::policy::host::SHADOW_CHANGES {
+                self.policy_shadow_changes.with_label_values(&[module, change]);
+            }
         }
         for provider in known.providers {
             for outcome in ["sent", "failed", "unknown"] {

@@ -15,6 +15,7 @@
 //! allocator has a few slots more, for fixture runs during a reload.
 
 use super::module::{LoadError, LoadedModule};
+use super::rollout::{self, Plan, Role, Variant};
 use super::sandbox::{self, Fault, Limits};
 use super::wit::Converted;
 use super::{Context, Decision, PolicyEngine, StageOutcome, TraceEntry, Verdict};
@@ -33,6 +34,8 @@ const SPARE_SLOTS: u32 = 8;
 #[derive(Debug, Default)]
 pub struct PolicySet {
     pub modules: Vec<Arc<LoadedModule>>,
+    /// Stored modules running as a shadow, a canary or for some customers (`rollout`).
+    pub variants: Vec<Variant>,
     /// Counts swaps since the host started.
     pub generation: u64,
 }
@@ -115,52 +118,39 @@ impl PolicyHost {
     /// Makes `modules` the live set, atomically; evaluations already running finish on
     /// the set they started with. Returns the new generation.
     pub fn install(&self, modules: Vec<Arc<LoadedModule>>) -> u64 {
+        self.install_with(modules, Vec::new())
+    }
+
+    /// `install`, with the shadows, canaries and scoped installs beside the live set.
+    pub fn install_with(&self, modules: Vec<Arc<LoadedModule>>, variants: Vec<Variant>) -> u64 {
         let generation = self.set.load().generation + 1;
-        self.set.store(Arc::new(PolicySet { modules, generation }));
+        self.set.store(Arc::new(PolicySet { modules, variants, generation }));
         generation
     }
 
     /// Evaluates every module of the live set asked at `ctx.stage`, on this thread.
     pub fn evaluate_blocking(&self, ctx: &Context, set: &PolicySet) -> StageOutcome {
+        self.evaluate_plan(ctx, &rollout::plan(set, ctx, false))
+    }
+
+    /// Evaluates what decides one send at one stage (see `rollout`): the first deny
+    /// decides, else the first review, else allow; then the shadows, which are traced
+    /// and counted and never change the outcome.
+    fn evaluate_plan(&self, ctx: &Context, plan: &Plan) -> StageOutcome {
         let stage = ctx.stage;
         let mut converted: Vec<((&'static str, bool), Converted)> = Vec::new();
-        let mut trace = Vec::new();
+        let mut trace = Vec::with_capacity(plan.deciders.len() + plan.shadows.len());
         let mut deny = None;
         let mut review = None;
-        for module in set.modules.iter().filter(|m| m.at_stage(stage)) {
-            let version = (module.interface(), module.reads_counters());
-            let index = match converted.iter().position(|(v, _)| *v == version) {
-                Some(i) => i,
-                None => {
-                    converted.push((version, module.convert(ctx)));
-                    converted.len() - 1
-                }
-            };
-            let evaluation = module.evaluate(&converted[index].1, self.limits);
-            crate::metrics::get()
-                .policy_evaluation
-                .with_label_values(&[module.metadata.name.as_str()])
-                .observe(evaluation.micros as f64 / 1e6);
-            let mut entry = TraceEntry {
-                stage: stage.as_str(),
-                module: module.metadata.name.clone(),
-                version: module.metadata.version.clone(),
-                sha256: module.short_hash().to_string(),
-                decision: "allow",
-                code: None,
-                risk: None,
-                fault: None,
-                fuel: evaluation.fuel,
-                us: evaluation.micros,
-            };
-            let verdict = match evaluation.outcome {
+        for (module, role) in &plan.deciders {
+            let index = converted_for(&mut converted, module, ctx);
+            let (mut entry, outcome) = self.run(module, &converted[index].1, stage, *role);
+            let verdict = match outcome {
                 Ok(verdict) => verdict,
                 Err(fault) => {
                     warn!(self.log, "policy module failed"; "module" => module.label(), "sha256" => module.short_hash(),
                           "stage" => stage.as_str(), "fault" => fault.kind(), "detail" => fault.to_string(),
                           "fail_mode" => ?self.fail_mode);
-                    entry.decision = "fault";
-                    entry.fault = Some(fault.kind());
                     trace.push(entry);
                     let (policy, reason) = (module.label(), fault_reason(module, &fault));
                     match self.fail_mode {
@@ -181,7 +171,6 @@ impl PolicyHost {
                     continue;
                 }
             };
-            entry.decision = verdict.name();
             match verdict {
                 Verdict::Allow => {}
                 Verdict::Deny { code, reason, risk_score } => {
@@ -200,9 +189,105 @@ impl PolicyHost {
             }
             trace.push(entry);
         }
-        StageOutcome { decision: deny.or(review).unwrap_or(Decision::Allow), trace }
+        let decision = deny.or(review).unwrap_or(Decision::Allow);
+        for module in &plan.shadows {
+            let index = converted_for(&mut converted, module, ctx);
+            let (mut entry, outcome) = self.run(module, &converted[index].1, stage, Role::Shadow);
+            if let Ok(Verdict::Deny { code, risk_score, .. }) = &outcome {
+                (entry.code, entry.risk) = (Some(code.clone()), Some(*risk_score));
+            } else if let Ok(Verdict::Review { risk_score, .. }) = &outcome {
+                entry.risk = Some(*risk_score);
+            }
+            // What decided for the shadow's name at this stage, else the stage's decision.
+            let before = trace
+                .iter()
+                .filter(|e| e.mode != Some("shadow") && e.module == module.metadata.name)
+                .map(|e| e.decision)
+                .find(|d| *d != "allow")
+                .or_else(|| {
+                    trace
+                        .iter()
+                        .any(|e| e.mode != Some("shadow") && e.module == module.metadata.name)
+                        .then_some("allow")
+                })
+                .unwrap_or(match &decision {
+                    Decision::Allow => "allow",
+                    Decision::Deny { .. } => "deny",
+                    Decision::Review { .. } => "review",
+                });
+            let change = shadow_change(before, entry.decision);
+            crate::metrics::get()
+                .policy_shadow_changes
+                .with_label_values(&[module.metadata.name.as_str(), change.as_str()])
+                .inc();
+            trace.push(entry);
+        }
+        StageOutcome { decision, trace }
+    }
+
+    /// One evaluation, timed, with its trace entry (decision set; code and risk not).
+    fn run(
+        &self,
+        module: &LoadedModule,
+        ctx: &Converted,
+        stage: super::Stage,
+        role: Role,
+    ) -> (TraceEntry, Result<Verdict, Fault>) {
+        let evaluation = module.evaluate(ctx, self.limits);
+        crate::metrics::get()
+            .policy_evaluation
+            .with_label_values(&[module.metadata.name.as_str()])
+            .observe(evaluation.micros as f64 / 1e6);
+        let entry = TraceEntry {
+            stage: stage.as_str(),
+            module: module.metadata.name.clone(),
+            version: module.metadata.version.clone(),
+            sha256: module.short_hash().to_string(),
+            decision: match &evaluation.outcome {
+                Ok(verdict) => verdict.name(),
+                Err(_) => "fault",
+            },
+            code: None,
+            risk: None,
+            fault: evaluation.outcome.as_ref().err().map(Fault::kind),
+            fuel: evaluation.fuel,
+            us: evaluation.micros,
+            mode: role.mark(),
+        };
+        (entry, evaluation.outcome)
     }
 }
+
+/// The context as `module` reads it, converted once per interface version and counter
+/// access: its index in `converted`.
+fn converted_for(
+    converted: &mut Vec<((&'static str, bool), Converted)>,
+    module: &LoadedModule,
+    ctx: &Context,
+) -> usize {
+    let version = (module.interface(), module.reads_counters());
+    match converted.iter().position(|(v, _)| *v == version) {
+        Some(i) => i,
+        None => {
+            converted.push((version, module.convert(ctx)));
+            converted.len() - 1
+        }
+    }
+}
+
+/// The label of a shadow's verdict against what decided: `same`, `allow->deny`, ...,
+/// or `error` when the shadow failed.
+pub fn shadow_change(before: &str, after: &str) -> String {
+    match (before, after) {
+        (_, "fault") => "error".into(),
+        (b, a) if b == a => "same".into(),
+        (b, a) => format!("{b}->{a}"),
+    }
+}
+
+/// Every label `gateway_policy_shadow_changes_total` can carry for a module.
+pub const SHADOW_CHANGES: [&str; 8] =
+    ["same", "allow->deny", "allow->review", "deny->allow", "deny->review", "review->allow", "review->deny", "error"];
 
 fn fault_reason(module: &LoadedModule, fault: &Fault) -> String {
     format!("the {} policy could not decide ({}); the send was refused to be safe", module.label(), fault.kind())
@@ -211,45 +296,41 @@ fn fault_reason(module: &LoadedModule, fault: &Fault) -> String {
 #[async_trait::async_trait]
 impl PolicyEngine for Arc<PolicyHost> {
     async fn evaluate(&self, ctx: &Context) -> StageOutcome {
-        evaluate_set(self, ctx, self.current()).await
+        evaluate_set(self, ctx, self.current(), false).await
     }
 
     async fn recheck(&self, ctx: &Context) -> StageOutcome {
-        let set = self.current();
-        let modules: Vec<_> =
-            set.modules.iter().filter(|m| m.at_stage(ctx.stage) && m.reads_counters()).cloned().collect();
-        if modules.is_empty() {
-            return StageOutcome::allow();
-        }
-        evaluate_set(self, ctx, Arc::new(PolicySet { modules, generation: set.generation })).await
+        evaluate_set(self, ctx, self.current(), true).await
     }
 }
 
-/// Evaluates the modules of `set` asked at `ctx.stage`.
-async fn evaluate_set(host: &Arc<PolicyHost>, ctx: &Context, set: Arc<PolicySet>) -> StageOutcome {
-    if !set.modules.iter().any(|m| m.at_stage(ctx.stage)) {
+/// Evaluates what decides `ctx` at its stage under `set` (with `recheck`, only the
+/// modules that read the counters, and no shadows).
+async fn evaluate_set(host: &Arc<PolicyHost>, ctx: &Context, set: Arc<PolicySet>, recheck: bool) -> StageOutcome {
+    let plan = rollout::plan(&set, ctx, recheck);
+    if plan.is_empty() {
         return StageOutcome::allow();
     }
     // The semaphore is never closed.
     let _permit = host.permits.acquire().await.ok();
-    let slow = set.modules.iter().any(|m| m.at_stage(ctx.stage) && m.is_slow());
+    let slow = plan.modules().any(|m| m.is_slow());
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     let outcome = if !slow {
         // Tens of µs: right here, as any computation of a request.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host.evaluate_blocking(ctx, &set)))
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| host.evaluate_plan(ctx, &plan)))
             .map_err(|_| "panicked".to_string())
     } else if multi_thread {
         // A module that was slow once: this thread, while the runtime moves this
         // worker's other tasks elsewhere, so a long evaluation holds up nobody.
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            tokio::task::block_in_place(|| host.evaluate_blocking(ctx, &set))
+            tokio::task::block_in_place(|| host.evaluate_plan(ctx, &plan))
         }))
         .map_err(|_| "panicked".to_string())
     } else {
         // A current-thread runtime cannot lend its only thread: the blocking pool.
         let (host, ctx) = (host.clone(), ctx.clone());
-        tokio::task::spawn_blocking(move || host.evaluate_blocking(&ctx, &set)).await.map_err(|e| e.to_string())
+        tokio::task::spawn_blocking(move || host.evaluate_plan(&ctx, &plan)).await.map_err(|e| e.to_string())
     };
     outcome.unwrap_or_else(|e| {
         // A panic in the host's own code (not a module trap, which is a value).

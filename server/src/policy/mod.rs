@@ -12,10 +12,13 @@
 //! The trait stays small so the pipeline does not depend on wasmtime, and tests can
 //! plug in a plain Rust engine.
 
+pub mod backtest;
 pub mod bundled;
 pub mod host;
+pub mod inputs;
 pub mod module;
 pub mod reload;
+pub mod rollout;
 pub mod sandbox;
 pub mod status;
 mod stored;
@@ -67,6 +70,11 @@ pub struct TraceEntry {
     pub fuel: u64,
     /// Microseconds the evaluation took (instantiation included).
     pub us: u64,
+    /// `shadow` (evaluated beside the live module, never deciding), `canary` or
+    /// `scoped` (deciding instead of the live module of its name, or beside the others
+    /// under a new name); absent for a live module (see `rollout`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
 }
 
 /// What a stage decided, and how.

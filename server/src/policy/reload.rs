@@ -26,10 +26,11 @@
 use super::bundled;
 use super::host::PolicyHost;
 use super::module::LoadedModule;
+use super::rollout::Variant;
 pub use super::status::{CommandResult, HostStatus, ModuleStatus, Refusal};
 use super::stored::StoredSource;
 use crate::config::PolicySettings;
-use crate::store::{Store, now_ms};
+use crate::store::{Rollout, Store, now_ms};
 use crate::tasks::Tasks;
 use slog::{Logger, info, warn};
 use std::collections::{BTreeMap, HashMap};
@@ -398,8 +399,9 @@ impl Reloader {
     }
 
     /// The set the sources give: bundled, then the directory (replacing by name), then
-    /// pins; bundled names keep their place, added modules follow by name.
-    fn compose(&self) -> Vec<Arc<LoadedModule>> {
+    /// pins; bundled names keep their place, added modules follow by name. Beside it,
+    /// the store's shadows, canaries and scoped installs.
+    fn compose(&self) -> (Vec<Arc<LoadedModule>>, Vec<Variant>) {
         let mut by_name: BTreeMap<String, (usize, Arc<LoadedModule>)> = BTreeMap::new();
         for (rank, module) in self.bundled.iter().enumerate() {
             by_name.insert(module.metadata.name.clone(), (rank, module.clone()));
@@ -421,16 +423,21 @@ impl Reloader {
         let mut modules: Vec<(usize, String, Arc<LoadedModule>)> =
             by_name.into_iter().map(|(name, (rank, m))| (rank, name, m)).collect();
         modules.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        modules.into_iter().map(|(_, _, m)| m).collect()
+        let variants = self.stored.as_ref().map(|s| s.variants()).unwrap_or_default();
+        (modules.into_iter().map(|(_, _, m)| m).collect(), variants)
     }
 
     /// Installs the composed set if it differs from the live one; remembers each
     /// replaced module as its name's previous version.
     fn swap(&mut self) -> u64 {
-        let next = self.compose();
+        let (next, variants) = self.compose();
         let live = self.host.current();
         let same = live.modules.len() == next.len()
-            && live.modules.iter().zip(&next).all(|(a, b)| a.sha256 == b.sha256 && a.source == b.source);
+            && live.modules.iter().zip(&next).all(|(a, b)| a.sha256 == b.sha256 && a.source == b.source)
+            && live.variants.len() == variants.len()
+            && live.variants.iter().zip(&variants).all(|(a, b)| {
+                a.module.sha256 == b.module.sha256 && a.module.source == b.module.source && a.rollout == b.rollout
+            });
         if same {
             return live.generation;
         }
@@ -440,8 +447,20 @@ impl Reloader {
                 self.previous.insert(old.metadata.name.clone(), old.clone());
             }
         }
-        let labels: Vec<String> = next.iter().map(|m| format!("{} ({})", m.label(), m.short_hash())).collect();
-        let generation = self.host.install(next);
+        let labels: Vec<String> = next
+            .iter()
+            .map(|m| format!("{} ({})", m.label(), m.short_hash()))
+            .chain(variants.iter().map(|v| {
+                format!(
+                    "{} ({}, {}, {})",
+                    v.module.label(),
+                    v.module.short_hash(),
+                    v.rollout.mode_label(),
+                    v.rollout.scope_label()
+                )
+            }))
+            .collect();
+        let generation = self.host.install_with(next, variants);
         info!(self.log, "policy set swapped"; "generation" => generation, "modules" => labels.join(", "));
         generation
     }
@@ -481,24 +500,31 @@ impl Reloader {
     fn publish(&mut self) {
         self.unreported = true;
         let live = self.host.current();
+        let status = |m: &LoadedModule, rollout: Option<&Rollout>| ModuleStatus {
+            name: m.metadata.name.clone(),
+            version: m.metadata.version.clone(),
+            sha256: m.sha256.clone(),
+            stages: m.stages.iter().map(|s| s.as_str().to_string()).collect(),
+            interface: m.interface().to_string(),
+            source: m.source.clone(),
+            size: m.size,
+            fixtures: m.metadata.fixtures.len(),
+            previous: match rollout {
+                None => {
+                    self.previous.get(&m.metadata.name).map(|p| format!("{} ({})", p.metadata.version, p.short_hash()))
+                }
+                Some(_) => None,
+            },
+            pinned: rollout.is_none() && self.pinned.contains_key(&m.metadata.name),
+            mode: rollout.map_or_else(|| "live".to_string(), Rollout::mode_label),
+            customers: rollout.map(|r| r.customers.clone()).unwrap_or_default(),
+            plans: rollout.map(|r| r.plans.clone()).unwrap_or_default(),
+        };
         let modules = live
             .modules
             .iter()
-            .map(|m| ModuleStatus {
-                name: m.metadata.name.clone(),
-                version: m.metadata.version.clone(),
-                sha256: m.sha256.clone(),
-                stages: m.stages.iter().map(|s| s.as_str().to_string()).collect(),
-                interface: m.interface().to_string(),
-                source: m.source.clone(),
-                size: m.size,
-                fixtures: m.metadata.fixtures.len(),
-                previous: self
-                    .previous
-                    .get(&m.metadata.name)
-                    .map(|p| format!("{} ({})", p.metadata.version, p.short_hash())),
-                pinned: self.pinned.contains_key(&m.metadata.name),
-            })
+            .map(|m| status(m, None))
+            .chain(live.variants.iter().map(|v| status(&v.module, Some(&v.rollout))))
             .collect();
         let stored = self.stored.iter().flat_map(|s| s.refusals()).cloned();
         let refused = self.files.values().filter_map(|f| f.error.clone()).chain(stored).collect();

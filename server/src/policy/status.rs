@@ -20,6 +20,19 @@ pub struct ModuleStatus {
     pub previous: Option<String>,
     /// Live by a rollback, until its file changes.
     pub pinned: bool,
+    /// `live`, `shadow`, or `canary N %` (absent in a report of an older gateway: live).
+    #[serde(default = "live")]
+    pub mode: String,
+    /// The customers it is limited to, if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub customers: Vec<String>,
+    /// The plans it is limited to, if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub plans: Vec<String>,
+}
+
+fn live() -> String {
+    "live".into()
 }
 
 /// A module that was refused, with why.

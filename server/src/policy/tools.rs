@@ -8,7 +8,7 @@
 use super::host::PolicyHost;
 use super::module::{self, LoadError, LoadedModule, Metadata};
 use crate::config::PolicySettings;
-use crate::store::{NewModule, Store, StoreError, StoredModule, now_ms};
+use crate::store::{NewModule, Rollout, RolloutMode, Store, StoreError, StoredModule, now_ms};
 use gateway_policy_model::{Context, Report};
 use serde_json::{Value, json};
 use std::path::Path;
@@ -263,6 +263,17 @@ pub async fn install(
     bytes: Vec<u8>,
     by: &str,
 ) -> Result<(LoadedModule, StoredModule), ToolError> {
+    install_as(store, host, bytes, by, Rollout::default()).await
+}
+
+/// `install`, as a shadow, a canary or for some customers or plans (`rollout`).
+pub async fn install_as(
+    store: &Store,
+    host: Arc<PolicyHost>,
+    bytes: Vec<u8>,
+    by: &str,
+    rollout: Rollout,
+) -> Result<(LoadedModule, StoredModule), ToolError> {
     let checked = tokio::task::spawn_blocking(move || host.load(&bytes, "install", true).map(|m| (m, bytes)))
         .await
         .map_err(|e| ToolError::Invalid(format!("checking the module panicked: {e}")))?;
@@ -273,28 +284,144 @@ pub async fn install(
         sha256: &module.sha256,
         bytes: &bytes,
         installed_by: by,
+        rollout,
     };
     let stored = store.install_policy_module(&new).await?;
     Ok((module, stored))
 }
 
-/// `policy install FILE`: installs, then waits up to `wait` for every live gateway to
-/// run it. `Ok((every live gateway runs it, report))`.
+/// How `policy install` is told to run a module: at most one of a shadow, a canary
+/// share (1 to 99 %) and a scope (customers and/or plans, which must exist).
+pub async fn rollout(
+    store: &Store,
+    shadow: bool,
+    canary: Option<u8>,
+    customers: &[String],
+    plans: &[String],
+) -> Result<Rollout, ToolError> {
+    let scoped = !customers.is_empty() || !plans.is_empty();
+    if [shadow, canary.is_some(), scoped].iter().filter(|b| **b).count() > 1 {
+        return Err(ToolError::Invalid("--shadow, --canary and --customers/--plans do not combine".into()));
+    }
+    let mode = match canary {
+        Some(p) if !(1..=99).contains(&p) => {
+            return Err(ToolError::Invalid(format!("--canary {p}: a share of 1 to 99 percent")));
+        }
+        Some(p) => RolloutMode::Canary(p),
+        None if shadow => RolloutMode::Shadow,
+        None => RolloutMode::Live,
+    };
+    for plan in plans {
+        if !matches!(plan.as_str(), "starter" | "scale") {
+            return Err(ToolError::Invalid(format!("--plans: no plan {plan:?} (starter, scale)")));
+        }
+    }
+    for customer in customers {
+        match store.customer(customer).await {
+            Ok(_) => {}
+            Err(StoreError::NotFound(_)) => {
+                return Err(ToolError::Invalid(format!("--customers: no customer {customer:?}")));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let sorted = |items: &[String]| {
+        let mut items = items.to_vec();
+        items.sort();
+        items.dedup();
+        items
+    };
+    Ok(Rollout { mode, customers: sorted(customers), plans: sorted(plans) })
+}
+
+/// `policy install FILE`: installs (as `rollout` says), then waits up to `wait` for
+/// every live gateway to run it. `Ok((every live gateway runs it, report))`.
 pub async fn install_file(
     store: &Store,
     settings: &PolicySettings,
     path: &Path,
+    rollout: Rollout,
     wait: Duration,
 ) -> Result<(bool, Value), ToolError> {
     let bytes = read(path)?;
-    let (module, stored) = install(store, Arc::new(host(settings)?), bytes, "cli").await?;
+    let (module, stored) = install_as(store, Arc::new(host(settings)?), bytes, "cli", rollout).await?;
     let (ok, gateways) = await_module(store, &module.sha256, wait).await?;
     let mut out = describe(&module);
     out["file"] = json!(path.display().to_string());
     out["stored_id"] = json!(stored.id);
+    out["mode"] = json!(stored.rollout.mode_label());
+    out["scope"] = json!(stored.rollout.scope_label());
     out["fixtures"] = json!(format!("{} passed, 0 failed", module.metadata.fixtures.len()));
     out["gateways"] = gateways;
     Ok((ok, out))
+}
+
+/// `policy promote NAME`: the shadow or canary of NAME becomes its live module on every
+/// replica (the live module before it is kept for `rollback`); waits up to `wait`.
+pub async fn promote(store: &Store, name: &str, by: &str, wait: Duration) -> Result<(bool, Value), ToolError> {
+    let Some((trial, live)) = store.promote_policy_module(name, by).await? else {
+        return Err(ToolError::Invalid(format!(
+            "no shadow or canary of {name:?} runs: install one with --shadow or --canary"
+        )));
+    };
+    let (ok, gateways) = await_promoted(store, name, &live.sha256, wait).await?;
+    Ok((
+        ok,
+        json!({"name": name, "version": live.version, "sha256": live.sha256, "stored_id": live.id,
+               "was": trial.rollout.mode_label(), "gateways": gateways}),
+    ))
+}
+
+/// Waits until every live gateway runs `sha256` as the live module of `name` and no
+/// trial of it.
+async fn await_promoted(store: &Store, name: &str, sha256: &str, wait: Duration) -> Result<(bool, Value), ToolError> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let live = store.policy_gateways(now_ms() - LIVE_MS).await?;
+        let states: Vec<bool> = live
+            .iter()
+            .map(|g| {
+                let status: Value = serde_json::from_str(&g.status).unwrap_or(Value::Null);
+                let modules = status["modules"].as_array().cloned().unwrap_or_default();
+                let mine: Vec<&Value> = modules.iter().filter(|m| m["name"] == name).collect();
+                mine.iter().any(|m| m["sha256"] == sha256 && m["mode"] == "live")
+                    && mine.iter().all(|m| m["mode"] == "live")
+            })
+            .collect();
+        if states.iter().all(|s| *s) || Instant::now() >= deadline {
+            let ok = !live.is_empty() && states.iter().all(|s| *s);
+            let gateways: Vec<Value> = live
+                .iter()
+                .zip(&states)
+                .map(|(g, runs)| json!({"gateway_id": g.gateway_id, "host": g.host, "pid": g.pid, "live": runs}))
+                .collect();
+            return Ok((ok, json!(gateways)));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `policy backtest FILE`: the module (built, or a core module made a component in
+/// memory) asked about the kept inputs of `window`, with progress on stderr.
+pub async fn backtest_file(
+    store: &Store,
+    settings: &PolicySettings,
+    path: &Path,
+    window: &super::backtest::Window,
+) -> Result<Value, ToolError> {
+    if settings.input_retention_days == 0 {
+        return Err(ToolError::Invalid(
+            "backtesting is off: [policies] input_retention_days is 0, so no inputs are kept".into(),
+        ));
+    }
+    let host = Arc::new(host(settings)?);
+    let module = Arc::new(load_for_trying(&host, path)?);
+    let started = Instant::now();
+    let report = super::backtest::backtest(store, &host, module, window, |n| {
+        eprintln!("backtest: {n} sends evaluated ({:.1} s)", started.elapsed().as_secs_f64())
+    })
+    .await?;
+    Ok(report)
 }
 
 /// Waits up to `wait` until every live gateway runs the module with `sha256` or has

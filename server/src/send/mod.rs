@@ -103,6 +103,8 @@ pub struct Sender {
     fetcher: media::Fetcher,
     /// Settles still retrying in the background (see `settle`).
     settling: Arc<Settling>,
+    /// Where what the policies saw of each send is kept for backtests, when it is.
+    inputs: Option<crate::policy::inputs::Inputs>,
     log: slog::Logger,
 }
 
@@ -120,6 +122,8 @@ struct Attempt<'a> {
     log_id: Option<i64>,
     /// From the attempt row on: what is written if the request goes away first.
     armed: Option<Armed>,
+    /// What the policies were first asked with, to keep once the row is written.
+    policy_input: Option<gateway_policy_model::Context>,
 }
 
 impl Sender {
@@ -136,7 +140,19 @@ impl Sender {
             std::time::Duration::from_millis(config.media.fetch_timeout_ms),
             log.new(slog::o!("component" => "media")),
         );
-        Sender { store, provider, policy, config, fetcher, settling: Arc::default(), log }
+        Sender { store, provider, policy, config, fetcher, settling: Arc::default(), inputs: None, log }
+    }
+
+    /// Keeps what the policies saw of each send that reached them (for backtests).
+    pub fn keep_inputs(&mut self, inputs: crate::policy::inputs::Inputs) {
+        self.inputs = Some(inputs);
+    }
+
+    /// Hands the attempt's policy input over, once its row `log_id` is written.
+    fn keep_input(&self, a: &mut Attempt<'_>, log_id: i64) {
+        if let (Some(inputs), Some(ctx)) = (&self.inputs, a.policy_input.take()) {
+            inputs.keep(log_id, ctx);
+        }
     }
 
     /// The settles still retrying in the background (a clean stop waits for them).
@@ -206,6 +222,9 @@ impl Sender {
         }
         let mut new_recipient = counters.to_recipient_total == 0 && counters.replies_from_recipient == 0;
         let mut ctx = policy_context(a.input.source, checked, instance, &customer, counters, now);
+        if self.inputs.is_some() {
+            a.policy_input = Some(ctx.clone());
+        }
         let purpose = self.policy.evaluate(&ctx).await;
         a.trace.extend(purpose.trace);
         match purpose.decision {
@@ -270,6 +289,7 @@ impl Sender {
             match self.store.begin_attempt(begin).await? {
                 Began::Written { log_id, counts } => {
                     a.log_id = Some(log_id);
+                    self.keep_input(a, log_id);
                     let armed = self.arm(a, log_id, now);
                     a.armed = Some(armed);
                     a.input.progress.mark_begun();

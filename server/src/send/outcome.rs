@@ -22,6 +22,7 @@ impl Sender {
             review: None,
             log_id: None,
             armed: None,
+            policy_input: None,
         };
         let result = self.run(&mut attempt).await;
         let now = now_ms();
@@ -126,6 +127,7 @@ impl Sender {
                 let result = Err(error);
                 let answer = input.idempotency.as_ref().zip(render(&result)).map(|(i, a)| (i.owner.clone(), a));
                 let recorded = self.store.record_answered(&entry, None, attempt.review.as_ref(), answer).await?;
+                self.keep_input(&mut attempt, recorded.log_id);
                 if recorded.paused
                     && let Some(instance) = &attempt.instance
                 {

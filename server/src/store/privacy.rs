@@ -66,6 +66,14 @@ fn steps() -> Vec<(&'static str, &'static str, As, String)> {
             "DELETE FROM review_queue WHERE customer_id = $1 AND recipient = $2".into(),
         ),
         (
+            "policy_inputs",
+            "deleted",
+            As::Phone,
+            "DELETE FROM policy_inputs WHERE log_id IN \
+             (SELECT id FROM message_log WHERE customer_id = $1 AND recipient = $2)"
+                .into(),
+        ),
+        (
             "message_log",
             "redacted",
             As::Phone,

@@ -40,6 +40,8 @@ pub struct RetentionPlan {
     pub pbx_events_before: i64,
     /// Replayed PBX signatures are remembered this far back.
     pub pbx_signatures_before_seconds: i64,
+    /// What the policy modules saw of each send (`[policies] input_retention_days`).
+    pub policy_inputs_before: i64,
 }
 
 /// The delete of one batch of a step's rows, on SQLite and on PostgreSQL, made once
@@ -70,6 +72,7 @@ type Step = (&'static str, &'static str, fn(&RetentionPlan) -> i64);
 
 /// Every table that grows with traffic, and when its rows go.
 const STEPS: &[Step] = &[
+    ("policy_inputs", "created_at < $1", |p| p.policy_inputs_before.max(p.message_log_before)),
     ("message_log", "created_at < $1 AND status <> 'pending'", |p| p.message_log_before),
     ("inbound_messages", "received_at < $1", |p| p.inbound_before),
     ("message_status", "updated_at < $1", |p| p.inbound_before),

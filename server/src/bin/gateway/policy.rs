@@ -1,11 +1,12 @@
 //! `gateway policy`: build, check, eval and test run without the database; install,
-//! list, reload and rollback act on the running gateways through the store.
+//! list, reload, promote and rollback act on the running gateways through the store;
+//! backtest and shadow read what the store kept.
 
 use anyhow::Result;
 use clap::Subcommand;
 use gateway_server::bounds;
 use gateway_server::config::Config;
-use gateway_server::policy::tools;
+use gateway_server::policy::{backtest, tools};
 use gateway_server::store::Store;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -52,7 +53,54 @@ pub enum PolicyCommand {
     /// fails a check is not installed (exit 1).
     Install {
         module: PathBuf,
+        /// Run it beside the live module of its name: every send evaluates it too, its
+        /// verdict goes into the trace marked shadow, and it never changes an answer.
+        #[arg(long)]
+        shadow: bool,
+        /// Let it decide this share of sends (1 to 99), chosen by a stable hash of each
+        /// send; the live module decides the rest.
+        #[arg(long, value_name = "PERCENT")]
+        canary: Option<u8>,
+        /// Apply it only to these customers' sends (comma-separated ids): under a live
+        /// module's name it decides instead of it for them, under a new name in addition.
+        #[arg(long, value_delimiter = ',', value_name = "ID,ID")]
+        customers: Vec<String>,
+        /// Apply it only to the sends of customers on these plans (starter, scale).
+        #[arg(long, value_delimiter = ',', value_name = "PLAN,PLAN")]
+        plans: Vec<String>,
         /// Seconds to wait for the running gateways to load it.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
+    /// Evaluate a module on the sends of the recent past, as the live modules saw them,
+    /// and print what it would have changed (JSON; progress on stderr).
+    Backtest {
+        module: PathBuf,
+        /// How far back: 90s, 30m, 24h, 7d (at most the kept inputs,
+        /// [policies] input_retention_days).
+        #[arg(long, default_value = "7d")]
+        since: String,
+        /// Only this customer's sends.
+        #[arg(long)]
+        customer: Option<String>,
+        /// The newest this many sends at most.
+        #[arg(long, default_value_t = 100_000)]
+        limit: u64,
+    },
+    /// What the shadow of a module did on live traffic (the backtest's JSON).
+    Shadow {
+        name: String,
+        #[arg(long, default_value = "24h")]
+        since: String,
+        #[arg(long)]
+        customer: Option<String>,
+        #[arg(long, default_value_t = 1_000_000)]
+        limit: u64,
+    },
+    /// Make the shadow or canary of a module its live module on every running gateway
+    /// (the live module before it is kept for rollback).
+    Promote {
+        name: String,
         #[arg(long, default_value_t = 30)]
         wait: u64,
     },
@@ -64,7 +112,10 @@ pub enum PolicyCommand {
         #[arg(long, default_value_t = 30)]
         wait: u64,
     },
-    /// Make the previous version of a module live again on every running gateway.
+    /// Undo the last install of a module on every running gateway: end its shadow or
+    /// canary if one runs (the live module stays), else remove its newest stored
+    /// install (scoped or live: the one before it runs again), else bring back the
+    /// version each gateway ran before.
     Rollback {
         name: String,
         #[arg(long, default_value_t = 30)]
@@ -107,11 +158,27 @@ pub async fn run(store: &Store, config: &Config, command: PolicyCommand) -> Resu
         PolicyCommand::List => (true, tools::list(store).await?),
         PolicyCommand::Reload { wait: w } => tools::command(store, "reload", None, wait_arg(w)?).await?,
         PolicyCommand::Rollback { name, wait: w } => tools::rollback(store, &name, wait_arg(w)?).await?,
-        PolicyCommand::Install { module, wait: w } => {
-            tools::install_file(store, &config.policies, &module, wait_arg(w)?).await?
+        PolicyCommand::Install { module, shadow, canary, customers, plans, wait: w } => {
+            let rollout = tools::rollout(store, shadow, canary, &customers, &plans).await?;
+            tools::install_file(store, &config.policies, &module, rollout, wait_arg(w)?).await?
         }
+        PolicyCommand::Backtest { module, since, customer, limit } => {
+            let window = window(&since, customer, limit)?;
+            (true, tools::backtest_file(store, &config.policies, &module, &window).await?)
+        }
+        PolicyCommand::Shadow { name, since, customer, limit } => {
+            (true, backtest::shadow(store, &name, &window(&since, customer, limit)?).await?)
+        }
+        PolicyCommand::Promote { name, wait: w } => tools::promote(store, &name, "cli", wait_arg(w)?).await?,
         _ => unreachable!("offline policy commands are handled before the store opens"),
     })
+}
+
+/// The sends a backtest or shadow report reads.
+fn window(since: &str, customer: Option<String>, limit: u64) -> Result<backtest::Window> {
+    let since_ms = bounds::duration_ms("--since", since).map_err(anyhow::Error::msg)?;
+    let limit = bounds::within("--limit", limit, &bounds::REPORT_LIMIT).map_err(anyhow::Error::msg)?;
+    Ok(backtest::Window { since_ms, customer, limit })
 }
 
 /// A `--wait` within its range, as a duration.
