@@ -431,3 +431,69 @@ async fn with_input_retention_zero_nothing_is_kept_and_backtesting_is_off() {
     assert!(refused.is_err_and(|e| e.to_string().contains("backtesting is off")));
     cx.teardown().await;
 }
+
+#[tokio::test]
+async fn the_operator_backtests_shadows_and_promotes_in_the_console() {
+    use base64::Engine as _;
+    use gateway_sdk_tests::dashboard::signed_in;
+    use gateway_server::dashboard::roles::Role;
+    let (cx, _dir) = context("rollout_console").await;
+    let control = cx.server.policies().unwrap().clone();
+    let operator = signed_in(cx.store(), &cx.config, &cx.base_url, None, "ops@gateway.example", Role::Operator).await;
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let strict = deny_module("content", "2.0.0");
+    for i in 0..4 {
+        assert_eq!(cx.send_json(&body(&format!("+141555539{i:02}"), "Your order has shipped.")).await.0, 200);
+    }
+    kept(&cx, &cx.tenant.customer_id, 4).await;
+
+    // A backtest of an uploaded module: the same numbers as the CLI, each example linked.
+    let form = [("module", b64(&strict)), ("since", "1h".into()), ("customer", String::new()), ("limit", "100".into())];
+    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let page = operator.submit("/operator/policies", "/operator/policies/backtest", &form).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains("Backtest of") && page.body.contains("content@2.0.0"), "{}", page.body);
+    assert!(page.body.contains(r#"<dd class="evaluated">4</dd>"#), "{}", page.body);
+    assert!(
+        page.body.contains(r#"<dd class="changed">4</dd>"#) && page.body.contains("allow-&gt;deny"),
+        "{}",
+        page.body
+    );
+    let q = PolicyInputQuery { from: 0, before: i64::MAX, customer_id: None, limit: 1 };
+    let newest = cx.store().policy_inputs_page(&q).await.unwrap().remove(0).log_id;
+    let link = format!("/operator/messages/{newest}");
+    assert!(page.body.contains(&format!(r#"href="{link}""#)), "{}", page.body);
+    let message = operator.get(&link).await;
+    assert_eq!(message.status, 200);
+    assert!(message.body.contains("allowed · sent") && message.body.contains("content"), "{}", message.body);
+    let bad = [("module", b64(&strict)), ("since", "forever".into()), ("limit", "100".into())];
+    let bad: Vec<(&str, &str)> = bad.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(operator.submit("/operator/policies", "/operator/policies/backtest", &bad).await.status, 400);
+
+    // Upload as a shadow: the page shows its mode and, after sends, its agreement.
+    let shadow = [("module", b64(&strict)), ("mode", "shadow".into())];
+    let shadow: Vec<(&str, &str)> = shadow.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let installed = operator.submit("/operator/policies", "/operator/policies/upload", &shadow).await;
+    assert_eq!(installed.status, 200, "{}", installed.body);
+    assert!(installed.body.contains("as shadow for everyone"), "{}", installed.body);
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&strict));
+    runs(&control, &sha, "shadow", Instant::now()).await;
+    for i in 0..3 {
+        assert_eq!(cx.send_json(&body(&format!("+141555539{:02}", 50 + i), "Your order has shipped.")).await.0, 200);
+    }
+    let page = operator.get("/operator/policies").await;
+    assert!(page.body.contains(r#"id="shadows""#) && page.body.contains("Shadow of"), "{}", page.body);
+    assert!(page.body.contains(r#"<dd class="evaluated">3</dd>"#), "{}", page.body);
+    assert!(page.body.contains(r#"<dd class="same">0 (0.0 %)</dd>"#), "{}", page.body);
+    assert!(page.body.contains("Promote"), "{}", page.body);
+    // A canary share out of range is refused; promote makes the shadow decide.
+    let canary = [("module", b64(&strict)), ("mode", "canary".into()), ("percent", "0".into())];
+    let canary: Vec<(&str, &str)> = canary.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    assert_eq!(operator.submit("/operator/policies", "/operator/policies/upload", &canary).await.status, 400);
+    let promoted = operator.submit("/operator/policies", "/operator/policies/promote", &[("name", "content")]).await;
+    assert_eq!(promoted.status, 303);
+    runs(&control, &sha, "live", Instant::now()).await;
+    only_live(&control, "content", Instant::now()).await;
+    assert_eq!(cx.send_json(&body("+14155553960", "Your order has shipped.")).await.0, 403);
+    cx.teardown().await;
+}

@@ -133,7 +133,7 @@ fn log_row(r: &LogRow, names: &HashMap<&str, &str>) -> Markup {
 
 /// Every policy module's verdict on the attempt: module, version (hash on hover),
 /// decision, rule or fault, risk, and fuel.
-fn policy_trace(trace: Option<&str>) -> Markup {
+pub(super) fn policy_trace(trace: Option<&str>) -> Markup {
     let entries: Vec<serde_json::Value> = trace.and_then(|t| serde_json::from_str(t).ok()).unwrap_or_default();
     html! {
         @if !entries.is_empty() {
@@ -147,6 +147,11 @@ fn policy_trace(trace: Option<&str>) -> Markup {
                         (views::badge(decision, kind))
                         @if let Some(code) = t["code"].as_str().or(t["fault"].as_str()) { " " code { (code) } }
                         @if let Some(risk) = t["risk"].as_u64() { " " span.hint { "risk " (risk) } }
+                        @match t["mode"].as_str() {
+                            Some("shadow") => { " " (views::badge("shadow: did not decide", "muted")) }
+                            Some(mode) => { " " (views::badge(mode, "muted")) }
+                            None => {}
+                        }
                     }
                 }
             }

@@ -39,6 +39,7 @@ mod overview;
 pub mod password_work;
 mod pbx;
 mod policies;
+mod policy_rollout;
 mod public;
 pub mod roles;
 pub mod session;
@@ -365,5 +366,6 @@ pub fn register(api: &mut dropshot::ApiDescription<Arc<AppState>>) -> Result<(),
     operator::register(api)?;
     operator_fleet::register(api)?;
     policies::register(api)?;
+    policy_rollout::register(api)?;
     Ok(())
 }

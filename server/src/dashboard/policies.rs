@@ -10,11 +10,12 @@
 //! store, on any machine, then loads it within a few seconds.
 
 use super::operator::{operator_post, operator_viewer};
+use super::policy_rollout;
 use super::session::Viewer;
 use super::views::{self, Notice};
 use super::{Ctx, DashError, PAGE_SIZE, before_id, html, page, query, redirect, when};
 use crate::policy::reload::HostStatus;
-use crate::policy::tools::ToolError;
+use crate::policy::tools::{self, ToolError};
 use crate::store::{ReviewEntry, now_ms};
 use base64::Engine as _;
 use dropshot::{Body, HttpError, Path, UntypedBody, endpoint};
@@ -25,7 +26,7 @@ use slog::info;
 use std::collections::HashMap;
 
 /// Largest upload form (a module of at most 1 MiB, base64-encoded, and the form).
-const UPLOAD_MAX_BYTES: usize = 2 * 1024 * 1024;
+pub(super) const UPLOAD_MAX_BYTES: usize = 2 * 1024 * 1024;
 
 #[derive(Deserialize, schemars::JsonSchema)]
 struct ReviewPath {
@@ -173,17 +174,30 @@ async fn policies_get(rqctx: Ctx) -> Result<Response<Body>, HttpError> {
                 Some(Notice::Ok("Reload sent: every gateway reads its policies directory within a second.".into()))
             }
             Some("rollback") => Some(Notice::Ok("Rollback sent to every gateway; their answers are below.".into())),
+            Some("promote") => Some(Notice::Ok(
+                "Promoted: every gateway makes it the live module within a few seconds; the one before is kept for rollback."
+                    .into(),
+            )),
             _ => None,
         };
-        Ok(html(StatusCode::OK, policies_page(&rqctx, &viewer, notice.as_ref()).await?))
+        Ok(html(StatusCode::OK, policies_page(&rqctx, &viewer, notice.as_ref(), None).await?))
     })
     .await
 }
 
-async fn policies_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) -> Result<Markup, DashError> {
+/// The policy page, with a backtest's result (`result`) when one was run.
+pub(super) async fn policies_page(
+    rqctx: &Ctx,
+    viewer: &Viewer,
+    notice: Option<&Notice>,
+    result: Option<Markup>,
+) -> Result<Markup, DashError> {
     let state = rqctx.context();
     let now = now_ms();
     let gateways = state.store.policy_gateways(now - 3_600_000).await?;
+    let statuses: Vec<HostStatus> =
+        gateways.iter().map(|g| serde_json::from_str(&g.status).unwrap_or_default()).collect();
+    let shadows = policy_rollout::shadows_section(rqctx, &statuses).await?;
     let dir = state.config.policies_dir.as_deref().filter(|d| !d.is_empty());
     Ok(views::page(
         viewer,
@@ -196,25 +210,33 @@ async fn policies_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) ->
             div.row {
                 (views::button_form("/operator/policies/reload", &viewer.csrf, "Reload on every gateway", &[], "secondary"))
             }
-            @for g in &gateways {
-                @let status: HostStatus = serde_json::from_str(&g.status).unwrap_or_default();
+            @if let Some(result) = &result { (result) }
+            @for (g, status) in gateways.iter().zip(&statuses) {
                 @let live = now - g.heartbeat_at <= 30_000;
                 section.card.gateway {
                     h2 { "Gateway " code { (g.host) } " pid " (g.pid) " " @if live { (views::badge("live", "ok")) } @else { (views::badge("silent", "warn")) } }
                     p.hint { "started " (when(g.started_at)) ", last report " (when(g.heartbeat_at)) ", set generation " (status.generation) }
                     table.modules {
-                        thead { tr { th { "Module" } th { "Version" } th { "SHA-256" } th { "Stages" } th { "Source" } th { "Fixtures" } th { "Previous" } th {} } }
+                        thead { tr { th { "Module" } th { "Version" } th { "Mode" } th { "SHA-256" } th { "Stages" } th { "Source" } th { "Fixtures" } th { "Previous" } th {} } }
                         tbody {
                             @for m in &status.modules {
                                 tr {
                                     td.long { (m.name) @if m.pinned { " " (views::badge("rolled back", "warn")) } }
                                     td { (m.version) }
+                                    td.mode {
+                                        (views::badge(&m.mode, if m.mode == "live" { "ok" } else { "warn" }))
+                                        @if !m.customers.is_empty() { " " span.hint { "customers " (m.customers.join(", ")) } }
+                                        @if !m.plans.is_empty() { " " span.hint { "plans " (m.plans.join(", ")) } }
+                                    }
                                     td { code title=(m.sha256) { (m.sha256.get(..12).unwrap_or(&m.sha256)) } }
                                     td { (m.stages.join(", ")) }
                                     td { (m.source) }
                                     td { (m.fixtures) }
                                     td { (m.previous.as_deref().unwrap_or("—")) }
-                                    td { @if m.previous.is_some() || m.source.starts_with("store") { (views::button_form("/operator/policies/rollback", &viewer.csrf, "Roll back", &[("name", m.name.as_str())], "secondary")) } }
+                                    td {
+                                        @if m.mode != "live" { (views::button_form("/operator/policies/promote", &viewer.csrf, "Promote", &[("name", m.name.as_str())], "")) " " }
+                                        @if m.previous.is_some() || m.source.starts_with("store") { (views::button_form("/operator/policies/rollback", &viewer.csrf, "Roll back", &[("name", m.name.as_str())], "secondary")) }
+                                    }
                                 }
                             }
                         }
@@ -229,6 +251,8 @@ async fn policies_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) ->
                 }
             }
             @if gateways.is_empty() { p { "No gateway has reported in the last hour." } }
+            (shadows)
+            (policy_rollout::backtest_form(&viewer.csrf))
             h2 { "Upload a module" }
             p { "A module built with " code { "gateway policy build IN.wasm --fixtures FIXTURES.json -o OUT.wasm" } ". It is checked here first, then installed in the store (a module named like a running one replaces it); every gateway on the store loads it within a few seconds. "
                 @if let Some(dir) = dir { "Files in " code { (dir) } " stay a local source of this machine's gateways; a stored module of the same name takes precedence." } }
@@ -236,6 +260,20 @@ async fn policies_page(rqctx: &Ctx, viewer: &Viewer, notice: Option<&Notice>) ->
                 (views::csrf_field(&viewer.csrf))
                 label.js-only hidden { "Module file" input type="file" accept=".wasm" data-fill="module-base64" data-encoding="base64" hidden; }
                 label { "Module, base64 (filled from the file)" textarea #module-base64 name="module" rows="3" required {} }
+                div.row {
+                    label { "Run as"
+                        select name="mode" {
+                            option value="live" selected { "live" }
+                            option value="shadow" { "shadow (evaluated, never deciding)" }
+                            option value="canary" { "canary (decides a share of sends)" }
+                        }
+                    }
+                    label { "Canary share, %" input type="number" name="percent" min="1" max="99" placeholder="10"; }
+                }
+                div.row {
+                    label { "Only these customers (ids, comma-separated)" input type="text" name="customers"; }
+                    label { "Only these plans" input type="text" name="plans" placeholder="starter,scale"; }
+                }
                 button type="submit" { "Check and install" }
             }
         },
@@ -286,31 +324,55 @@ async fn policies_upload_post(rqctx: Ctx, body: UntypedBody) -> Result<Response<
         let host = state.policies.as_ref().map(|p| p.host().clone()).ok_or_else(|| {
             DashError::BadRequest("This gateway runs no policy host to check the module with.".into())
         })?;
-        let compact: String = form.raw("module").split_whitespace().collect();
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(compact.as_bytes())
-            .map_err(|_| DashError::BadRequest("The module is not base64: choose the .wasm file again.".into()))?;
+        let bytes = decode_module(&form)?;
         let by = format!("console {}", viewer.user.email);
-        let (module, stored) = match crate::policy::tools::install(&state.store, host, bytes, &by).await {
+        let list = |field: &str| -> Vec<String> {
+            form.get(field).split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+        };
+        let canary = match form.get("mode") {
+            "canary" => Some(form.get("percent").parse::<u8>().unwrap_or(0)),
+            _ => None,
+        };
+        let shadow = form.get("mode") == "shadow";
+        let rollout = match tools::rollout(&state.store, shadow, canary, &list("customers"), &list("plans")).await {
+            Ok(rollout) => rollout,
+            Err(ToolError::Store(e)) => return Err(e.into()),
+            Err(e) => {
+                let notice = Notice::Error(format!("Refused: {e}. Nothing was installed."));
+                return Ok(html(StatusCode::BAD_REQUEST, policies_page(&rqctx, &viewer, Some(&notice), None).await?));
+            }
+        };
+        let (module, stored) = match tools::install_as(&state.store, host, bytes, &by, rollout).await {
             Ok(installed) => installed,
             Err(ToolError::Store(e)) => return Err(e.into()),
             Err(e) => {
                 let notice = Notice::Error(format!("Refused: the module {e}. Nothing was installed."));
-                return Ok(html(StatusCode::BAD_REQUEST, policies_page(&rqctx, &viewer, Some(&notice)).await?));
+                return Ok(html(StatusCode::BAD_REQUEST, policies_page(&rqctx, &viewer, Some(&notice), None).await?));
             }
         };
         info!(rqctx.log, "policy module installed"; "by" => &viewer.user.id, "module" => module.label(),
-              "sha256" => module.short_hash(), "stored_id" => stored.id);
+              "sha256" => module.short_hash(), "stored_id" => stored.id, "mode" => stored.rollout.mode_label(),
+              "scope" => stored.rollout.scope_label());
         let notice = Notice::Ok(format!(
-            "{} ({}) passed its {} fixtures and was installed in the store (#{}); every gateway loads it within a few seconds.",
+            "{} ({}) passed its {} fixtures and was installed in the store (#{}) as {} for {}; every gateway loads it within a few seconds.",
             module.label(),
             module.short_hash(),
             module.metadata.fixtures.len(),
-            stored.id
+            stored.id,
+            stored.rollout.mode_label(),
+            stored.rollout.scope_label()
         ));
-        Ok(html(StatusCode::OK, policies_page(&rqctx, &viewer, Some(&notice)).await?))
+        Ok(html(StatusCode::OK, policies_page(&rqctx, &viewer, Some(&notice), None).await?))
     })
     .await
+}
+
+/// The module of an upload form, from its base64 field.
+pub(super) fn decode_module(form: &super::Form) -> Result<Vec<u8>, DashError> {
+    let compact: String = form.raw("module").split_whitespace().collect();
+    base64::engine::general_purpose::STANDARD
+        .decode(compact.as_bytes())
+        .map_err(|_| DashError::BadRequest("The module is not base64: choose the .wasm file again.".into()))
 }
 
 pub fn register(api: &mut dropshot::ApiDescription<std::sync::Arc<crate::state::AppState>>) -> Result<(), String> {

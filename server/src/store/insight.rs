@@ -95,14 +95,14 @@ fn count(row: &impl Cols, column: &str) -> Result<u64, StoreError> {
 }
 
 /// The rule a refusal names: its error code, and for a policy's refusal the code the
-/// policy gave (from the attempt's policy trace).
+/// policy gave (from the attempt's policy trace; a shadow's verdict never decided).
 pub fn refusal_rule(error_code: Option<&str>, policy_trace: Option<&str>) -> String {
     let code = error_code.unwrap_or("unknown");
     if matches!(code, "policy_violation" | "message_purpose_not_allowed") {
         let trace: Vec<serde_json::Value> = policy_trace.and_then(|t| serde_json::from_str(t).ok()).unwrap_or_default();
         let rule = trace
             .iter()
-            .find(|t| t["decision"] != "allow")
+            .find(|t| t["decision"] != "allow" && t["mode"] != "shadow")
             .and_then(|t| t["code"].as_str().or(t["fault"].as_str()).map(str::to_string));
         if let Some(rule) = rule {
             return format!("{code}: {rule}");
