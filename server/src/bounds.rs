@@ -124,5 +124,9 @@ pub fn duration_ms(name: &str, raw: &str) -> Result<i64, String> {
         _ => return Err(format!("{name} {raw:?}: a number and s, m, h or d (24h, 7d)")),
     };
     let n: i64 = digits.parse().map_err(|_| format!("{name} {raw:?}: a number and s, m, h or d (24h, 7d)"))?;
-    within(name, n.saturating_mul(unit_ms), &LOOKBACK_MS)
+    let ms = n.saturating_mul(unit_ms);
+    if !LOOKBACK_MS.contains(&ms) {
+        return Err(format!("{name} {raw:?} must be between 1s and 90d"));
+    }
+    Ok(ms)
 }

@@ -310,6 +310,19 @@ fn a_shadow_never_changes_a_decision_even_when_it_fails() {
         let after = gateway_server::metrics::get().policy_shadow_changes.with_label_values(&[name, change]).get();
         assert_eq!(after, before + 1, "{name}: {change} counted");
     }
+    // Under a new name a shadow would decide in addition: allowing what another module
+    // denied changes nothing (as `policy shadow` counts it).
+    let held = Behaviour::Deny { code: "held", reason: "held", risk: 90 };
+    let strict = load(&host, &wasm::policy("strict", "1.0.0", "content", &held, "[]"));
+    let newcomer = load(&host, &wasm::policy("newcomer", "1.0.0", "content", &Behaviour::Allow, "[]"));
+    let count = |change: &str| {
+        gateway_server::metrics::get().policy_shadow_changes.with_label_values(&["newcomer", change]).get()
+    };
+    let (same, opened) = (count("same"), count("deny->allow"));
+    host.install_with(vec![Arc::new(strict)], vec![variant(newcomer, shadow)]);
+    let outcome = host.evaluate_blocking(&content_context(), &host.current());
+    assert!(matches!(outcome.decision, Decision::Deny { .. }));
+    assert_eq!((count("same"), count("deny->allow")), (same + 1, opened));
 }
 
 /// Scope: a customer's own install before a plan's, and either instead of the live

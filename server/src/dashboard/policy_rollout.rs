@@ -21,8 +21,9 @@ use slog::info;
 
 /// Sends a console backtest reads at most (the CLI reads more, with progress).
 const CONSOLE_LIMIT: u64 = 100_000;
-/// How far back the shadows' agreement is read.
+/// How far back the shadows' agreement is read, and how many sends at most (the newest).
 const SHADOW_WINDOW_MS: i64 = 24 * 3_600_000;
+const SHADOW_LIMIT: u64 = 10_000;
 
 /// A backtest or shadow report (`policy::backtest::Tally::report`) as a card: the
 /// counts, the agreement, each change, and the changed sends linked to their messages.
@@ -77,7 +78,7 @@ pub(super) async fn shadows_section(rqctx: &Ctx, statuses: &[HostStatus]) -> Res
         statuses.iter().flat_map(|s| s.modules.iter().filter(|m| m.mode == "shadow").map(|m| m.name.clone())).collect();
     names.sort();
     names.dedup();
-    let window = Window { since_ms: SHADOW_WINDOW_MS, customer: None, limit: CONSOLE_LIMIT };
+    let window = Window { since_ms: SHADOW_WINDOW_MS, customer: None, limit: SHADOW_LIMIT };
     let mut cards = Vec::new();
     for name in &names {
         let report = backtest::shadow(&rqctx.context().store, name, &window).await.map_err(tool_error)?;
@@ -85,7 +86,8 @@ pub(super) async fn shadows_section(rqctx: &Ctx, statuses: &[HostStatus]) -> Res
     }
     Ok(html! {
         @if !cards.is_empty() {
-            h2 #shadows { "Shadows: their verdicts against what decided, last 24 hours" }
+            h2 #shadows { "Shadows: their verdicts against what decided" }
+            p.hint { "The newest " (SHADOW_LIMIT) " sends of the last 24 hours; " code { "gateway policy shadow NAME --since 7d" } " reads further." }
             p.hint { "A shadow is evaluated on every send beside the live module of its name and never changes an answer. Promote it to let it decide, or roll it back to end it." }
             @for card in &cards { (card) }
         }

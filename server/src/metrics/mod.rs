@@ -69,6 +69,11 @@ fn histogram(registry: &Registry, name: &str, help: &str, labels: &[&str], bucke
     h
 }
 
+/// Every label `gateway_policy_shadow_changes_total` can carry for a module: how a
+/// shadow's verdict compares with what decided, or `error` when the shadow failed.
+pub const SHADOW_CHANGES: [&str; 8] =
+    ["same", "allow->deny", "allow->review", "deny->allow", "deny->review", "review->allow", "review->deny", "error"];
+
 /// Request and provider times: 1 ms to 30 s.
 const SECONDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 /// A send's stages: 10 µs to 1 s.
@@ -254,7 +259,7 @@ impl Metrics {
         }
         for module in &known.modules {
             self.policy_evaluation.with_label_values(&[module]);
-            for change in crate::policy::host::SHADOW_CHANGES {
+            for change in SHADOW_CHANGES {
                 self.policy_shadow_changes.with_label_values(&[module, change]);
             }
         }

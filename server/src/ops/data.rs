@@ -26,6 +26,7 @@ pub fn retention_json(config: &Config) -> Value {
         "failed_provider_events_days": r.failed_provider_events_days, "review_days": r.review_days,
         "contacts_days": r.contacts_days, "webhook_attempts_days": config.webhooks.retention_days,
         "pbx_events_days": config.pbx.event_retention_days,
+        "policy_inputs_days": config.policies.input_retention_days,
     })
 }
 

@@ -11,7 +11,7 @@
 //! deny or review ends it, as in the pipeline); a module under a new name decides in
 //! addition, so its "after" is the stricter of its verdict and "before".
 
-use super::host::PolicyHost;
+use super::host::{PolicyHost, stricter};
 use super::module::LoadedModule;
 use super::tools::ToolError;
 use crate::store::{KeptInput, PolicyInputQuery, Store, now_ms};
@@ -132,17 +132,6 @@ fn verdict_name(decision: &str) -> &'static str {
     }
 }
 
-/// The stricter of two verdicts (deny, then review, then allow), as the pipeline
-/// combines modules.
-fn stricter(a: &'static str, b: &'static str) -> &'static str {
-    let rank = |v: &str| match v {
-        "deny" => 2,
-        "review" => 1,
-        _ => 0,
-    };
-    if rank(b) > rank(a) { b } else { a }
-}
-
 /// What the send became: `allow`, `review` (held by a policy), or `deny`.
 fn final_decision(row: &KeptInput, trace: &[Traced]) -> &'static str {
     if row.decision == "allowed" && row.status != "refused" {
@@ -252,8 +241,10 @@ pub async fn shadow(store: &Store, name: &str, window: &Window) -> Result<Value,
     let trial = store.policy_trial(name).await?;
     let sha = trial.as_ref().map(|t| t.sha256[..12].to_string());
     let mut label = trial.as_ref().map(|t| format!("{}@{}", t.name, t.version));
+    // Nothing before the running shadow was installed carries its verdicts.
+    let since = now_ms().saturating_sub(window.since_ms).max(trial.as_ref().map_or(0, |t| t.installed_at));
     let mut query = PolicyInputQuery {
-        from: store.first_log_id_since(now_ms().saturating_sub(window.since_ms)).await?,
+        from: store.first_log_id_since(since).await?,
         before: i64::MAX,
         customer_id: window.customer.clone(),
         limit: PAGE,

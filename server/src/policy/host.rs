@@ -198,24 +198,23 @@ impl PolicyHost {
             } else if let Ok(Verdict::Review { risk_score, .. }) = &outcome {
                 entry.risk = Some(*risk_score);
             }
-            // What decided for the shadow's name at this stage, else the stage's decision.
-            let before = trace
-                .iter()
-                .filter(|e| e.mode != Some("shadow") && e.module == module.metadata.name)
-                .map(|e| e.decision)
-                .find(|d| *d != "allow")
-                .or_else(|| {
-                    trace
-                        .iter()
-                        .any(|e| e.mode != Some("shadow") && e.module == module.metadata.name)
-                        .then_some("allow")
-                })
-                .unwrap_or(match &decision {
-                    Decision::Allow => "allow",
-                    Decision::Deny { .. } => "deny",
-                    Decision::Review { .. } => "review",
-                });
-            let change = shadow_change(before, entry.decision);
+            // Against what decided for the shadow's name at this stage; a shadow under
+            // a new name would decide in addition, so against the stricter of its
+            // verdict and the stage's decision (as `policy shadow` compares).
+            let mine: Vec<&TraceEntry> =
+                trace.iter().filter(|e| e.mode != Some("shadow") && e.module == module.metadata.name).collect();
+            let stage_decision = match &decision {
+                Decision::Allow => "allow",
+                Decision::Deny { .. } => "deny",
+                Decision::Review { .. } => "review",
+            };
+            let (before, after) = match mine.iter().map(|e| e.decision).find(|d| *d != "allow") {
+                _ if entry.decision == "fault" => (stage_decision, "fault"),
+                Some(decided) if !mine.is_empty() => (decided, entry.decision),
+                None if !mine.is_empty() => ("allow", entry.decision),
+                _ => (stage_decision, stricter(stage_decision, entry.decision)),
+            };
+            let change = shadow_change(before, after);
             crate::metrics::get()
                 .policy_shadow_changes
                 .with_label_values(&[module.metadata.name.as_str(), change.as_str()])
@@ -275,8 +274,19 @@ fn converted_for(
     }
 }
 
+/// The stricter of two verdicts: deny, then review, then allow (as the pipeline
+/// combines modules).
+pub(super) fn stricter(a: &'static str, b: &'static str) -> &'static str {
+    let rank = |v: &str| match v {
+        "deny" => 2,
+        "review" => 1,
+        _ => 0,
+    };
+    if rank(b) > rank(a) { b } else { a }
+}
+
 /// The label of a shadow's verdict against what decided: `same`, `allow->deny`, ...,
-/// or `error` when the shadow failed.
+/// or `error` when the shadow failed (`metrics::SHADOW_CHANGES`).
 pub fn shadow_change(before: &str, after: &str) -> String {
     match (before, after) {
         (_, "fault") => "error".into(),
@@ -285,9 +295,6 @@ pub fn shadow_change(before: &str, after: &str) -> String {
     }
 }
 
-/// Every label `gateway_policy_shadow_changes_total` can carry for a module.
-pub const SHADOW_CHANGES: [&str; 8] =
-    ["same", "allow->deny", "allow->review", "deny->allow", "deny->review", "review->allow", "review->deny", "error"];
 
 fn fault_reason(module: &LoadedModule, fault: &Fault) -> String {
     format!("the {} policy could not decide ({}); the send was refused to be safe", module.label(), fault.kind())

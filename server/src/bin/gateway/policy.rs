@@ -90,10 +90,14 @@ pub enum PolicyCommand {
     /// What the shadow of a module did on live traffic (the backtest's JSON).
     Shadow {
         name: String,
+        /// How far back: 90s, 30m, 24h, 7d (never before the running shadow was
+        /// installed).
         #[arg(long, default_value = "24h")]
         since: String,
+        /// Only this customer's sends.
         #[arg(long)]
         customer: Option<String>,
+        /// The newest this many sends at most.
         #[arg(long, default_value_t = 1_000_000)]
         limit: u64,
     },
@@ -101,6 +105,7 @@ pub enum PolicyCommand {
     /// (the live module before it is kept for rollback).
     Promote {
         name: String,
+        /// Seconds to wait for the running gateways to run it.
         #[arg(long, default_value_t = 30)]
         wait: u64,
     },
