@@ -208,11 +208,13 @@ impl PolicyHost {
                 Decision::Deny { .. } => "deny",
                 Decision::Review { .. } => "review",
             };
-            let (before, after) = match mine.iter().map(|e| e.decision).find(|d| *d != "allow") {
-                _ if entry.decision == "fault" => (stage_decision, "fault"),
-                Some(decided) if !mine.is_empty() => (decided, entry.decision),
-                None if !mine.is_empty() => ("allow", entry.decision),
-                _ => (stage_decision, stricter(stage_decision, entry.decision)),
+            let decided = mine.iter().map(|e| e.decision).find(|d| *d != "allow").unwrap_or("allow");
+            let (before, after) = if entry.decision == "fault" {
+                (stage_decision, "fault")
+            } else if mine.is_empty() {
+                (stage_decision, stricter(stage_decision, entry.decision))
+            } else {
+                (decided, entry.decision)
             };
             let change = shadow_change(before, after);
             crate::metrics::get()

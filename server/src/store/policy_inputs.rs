@@ -9,7 +9,7 @@
 
 use super::privacy::ERASED;
 use super::writer::{Exec, Statement};
-use super::{Cols, FromCols, Store, StoreError};
+use super::{Backend, Cols, FromCols, Store, StoreError};
 use rusqlite::types::Value as SqlValue;
 
 /// One kept input with what its send became.
@@ -58,17 +58,41 @@ const KEEP_SQL: &str = "INSERT INTO policy_inputs (log_id, customer_id, created_
      SELECT id, customer_id, created_at, $2 FROM message_log WHERE id = $1 \
      AND (recipient IS NULL OR recipient <> $3) ON CONFLICT (log_id) DO NOTHING";
 
+/// The same for a whole batch on PostgreSQL, in one statement and one round trip.
+const KEEP_BATCH_POSTGRES: &str = "INSERT INTO policy_inputs (log_id, customer_id, created_at, context) \
+     SELECT m.id, m.customer_id, m.created_at, i.context FROM jsonb_to_recordset($1::jsonb) AS i(log_id BIGINT, context TEXT) \
+     JOIN message_log m ON m.id = i.log_id WHERE m.recipient IS NULL OR m.recipient <> $2 ON CONFLICT (log_id) DO NOTHING";
+
 impl Store {
-    /// Keeps `(log id, context JSON)` pairs, in one write; the rows written.
+    /// Keeps `(log id, context JSON)` pairs, in one write; the rows written. On SQLite
+    /// through the writer (one statement each, prepared once, in one transaction); on
+    /// PostgreSQL as one statement on a connection of its own, beside the writer's lanes
+    /// (a statement per input there would hold the main lane for a round trip each).
     pub async fn keep_policy_inputs(&self, inputs: Vec<(i64, String)>) -> Result<u64, StoreError> {
-        let statements = inputs
-            .into_iter()
-            .map(|(log_id, context)| Statement {
-                sql: KEEP_SQL,
-                params: vec![SqlValue::Integer(log_id), SqlValue::Text(context), SqlValue::Text(ERASED.into())],
-            })
-            .collect();
-        Ok(self.write(Exec(statements)).await?.iter().sum())
+        match self.backend {
+            Backend::Sqlite => {
+                let statements = inputs
+                    .into_iter()
+                    .map(|(log_id, context)| Statement {
+                        sql: KEEP_SQL,
+                        params: vec![SqlValue::Integer(log_id), SqlValue::Text(context), SqlValue::Text(ERASED.into())],
+                    })
+                    .collect();
+                Ok(self.write(Exec(statements)).await?.iter().sum())
+            }
+            Backend::Postgres => {
+                let rows: Vec<serde_json::Value> = inputs
+                    .into_iter()
+                    .map(|(log_id, context)| serde_json::json!({"log_id": log_id, "context": context}))
+                    .collect();
+                let done = sqlx::query(KEEP_BATCH_POSTGRES)
+                    .bind(serde_json::Value::Array(rows).to_string())
+                    .bind(ERASED)
+                    .execute(&self.write)
+                    .await?;
+                Ok(done.rows_affected())
+            }
+        }
     }
 
     /// The first message-log id written at or after `since` (Unix ms), or one past the
