@@ -84,27 +84,6 @@ pub fn days_ms(days: i64) -> i64 {
     days.saturating_mul(24 * 3_600_000)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn within_names_the_setting_and_its_range() {
-        assert_eq!(within("x", 5, &(1..=10)), Ok(5));
-        assert_eq!(
-            within("cooldown_minutes", 153_722_867_280_912_930i64, &PBX_COOLDOWN_MINUTES).unwrap_err(),
-            "cooldown_minutes must be between 0 and 10080"
-        );
-    }
-
-    #[test]
-    fn time_arithmetic_saturates() {
-        assert_eq!(after_minutes(1_000, 153_722_867_280_912_930), i64::MAX);
-        assert_eq!(hours_ms(i64::MAX / 2), i64::MAX);
-        assert_eq!(days_ms(2), 172_800_000);
-    }
-}
-
 /// A look-back of `policy backtest` and `policy shadow`: at most 90 days.
 pub const LOOKBACK_MS: RangeInclusive<i64> = 1_000..=90 * 86_400_000;
 /// Sends one backtest or shadow report reads at most.
@@ -129,4 +108,37 @@ pub fn duration_ms(name: &str, raw: &str) -> Result<i64, String> {
         return Err(format!("{name} {raw:?} must be between 1s and 90d"));
     }
     Ok(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn within_names_the_setting_and_its_range() {
+        assert_eq!(within("x", 5, &(1..=10)), Ok(5));
+        assert_eq!(
+            within("cooldown_minutes", 153_722_867_280_912_930i64, &PBX_COOLDOWN_MINUTES).unwrap_err(),
+            "cooldown_minutes must be between 0 and 10080"
+        );
+    }
+
+    #[test]
+    fn time_arithmetic_saturates() {
+        assert_eq!(after_minutes(1_000, 153_722_867_280_912_930), i64::MAX);
+        assert_eq!(hours_ms(i64::MAX / 2), i64::MAX);
+        assert_eq!(days_ms(2), 172_800_000);
+    }
+
+    #[test]
+    fn durations_read_their_unit_and_stay_within_90_days() {
+        assert_eq!(duration_ms("--since", "90s"), Ok(90_000));
+        assert_eq!(duration_ms("--since", " 24h "), Ok(86_400_000));
+        assert_eq!(duration_ms("--since", "90d"), Ok(90 * 86_400_000));
+        assert_eq!(duration_ms("--since", "91d").unwrap_err(), "--since \"91d\" must be between 1s and 90d");
+        assert_eq!(duration_ms("--since", "0s").unwrap_err(), "--since \"0s\" must be between 1s and 90d");
+        for bad in ["", "7", "d", "7w", "-1d", "1.5h", "99999999999999999999d"] {
+            assert!(duration_ms("--since", bad).is_err(), "{bad}");
+        }
+    }
 }

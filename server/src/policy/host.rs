@@ -297,7 +297,6 @@ pub fn shadow_change(before: &str, after: &str) -> String {
     }
 }
 
-
 fn fault_reason(module: &LoadedModule, fault: &Fault) -> String {
     format!("the {} policy could not decide ({}); the send was refused to be safe", module.label(), fault.kind())
 }

@@ -87,9 +87,9 @@ pub fn bucket(ctx: &Context) -> u8 {
 
 /// Whether a scoped rollout covers the send's customer: 2 by customer, 1 by plan.
 fn covers(rollout: &Rollout, ctx: &Context) -> Option<u8> {
-    if rollout.customers.iter().any(|c| *c == ctx.customer.id) {
+    if rollout.customers.contains(&ctx.customer.id) {
         Some(2)
-    } else if rollout.plans.iter().any(|p| *p == ctx.customer.plan) {
+    } else if rollout.plans.contains(&ctx.customer.plan) {
         Some(1)
     } else {
         None
