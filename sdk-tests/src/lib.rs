@@ -151,6 +151,16 @@ impl TestContext {
         self.send_json(&body).await
     }
 
+    /// A second gateway on this context's store, with a policies directory of its own,
+    /// as a replica on another machine is.
+    pub async fn second_replica(&self, policies_dir: &std::path::Path) -> RunningServer {
+        let mut config = self.config.clone();
+        config.listen = "127.0.0.1:0".parse().expect("a loopback address");
+        config.policies_dir = Some(policies_dir.display().to_string());
+        let log = gateway_server::make_logger(&config).expect("a logger");
+        gateway_server::start_server(log, &config).await.expect("the second replica starts")
+    }
+
     /// Stops the gateway and drops its PostgreSQL database.
     pub async fn teardown(self) {
         self.server.close().await.expect("clean shutdown");

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{Db, free_port, run_json};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::process::Command;
 
 fn gateway(url: &str, args: &[&str]) -> Command {
@@ -25,16 +25,7 @@ async fn serve(url: &str) -> (common::Served, u16) {
 }
 
 async fn send(http: &reqwest::Client, port: u16, key: &str, phone: &str) -> (u16, Value) {
-    let body = json!({"instance_id": "demo", "phone": phone, "message_purpose": "transactional",
-                      "message": "Your code is 123456"});
-    let r = http
-        .post(format!("http://127.0.0.1:{port}/api/send-message"))
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .expect("the gateway answers");
-    (r.status().as_u16(), r.json().await.unwrap())
+    common::send_text(http, port, key, phone, "Your code is 123456").await
 }
 
 /// Both replicas send with `key` (their caches now hold the key and the instance).

@@ -21,16 +21,7 @@ fn cli(url: &str, args: &[&str]) -> (bool, Value, String) {
 }
 
 async fn send(http: &reqwest::Client, port: u16, key: &str, phone: &str) -> (u16, Value) {
-    let body = json!({"instance_id": "demo", "phone": phone, "message_purpose": "transactional",
-                      "message": "Your order has shipped."});
-    let response = http
-        .post(format!("http://127.0.0.1:{port}/api/send-message"))
-        .bearer_auth(key)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    (response.status().as_u16(), response.json().await.unwrap())
+    common::send_text(http, port, key, phone, "Your order has shipped.").await
 }
 
 /// Polls a CLI report until `evaluated` reaches `n` (inputs are kept in batches).

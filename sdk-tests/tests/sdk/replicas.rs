@@ -4,7 +4,6 @@
 use crate::expect_raw;
 use gateway_sdk_tests::TestContext;
 use gateway_sdk_tests::wasm::{Behaviour, expecting, policy};
-use gateway_server::RunningServer;
 use gateway_server::policy::reload::PolicyControl;
 use gateway_server::policy::tools;
 use serde_json::{Value, json};
@@ -14,15 +13,6 @@ use std::time::{Duration, Instant};
 fn send(phone: &str) -> Value {
     json!({"instance_id": "main", "phone": phone, "message_purpose": "transactional",
            "message": "Your order has shipped."})
-}
-
-/// A second gateway on `cx`'s store, with a policies directory of its own.
-async fn second_replica(cx: &TestContext, dir: &std::path::Path) -> RunningServer {
-    let mut config = cx.config.clone();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.policies_dir = Some(dir.display().to_string());
-    let log = gateway_server::make_logger(&config).unwrap();
-    gateway_server::start_server(log, &config).await.expect("the second replica starts")
 }
 
 /// Waits until `control` runs `version` of content; how long that took.
@@ -56,7 +46,7 @@ async fn a_module_installed_in_the_store_runs_on_every_replica_and_rolls_back_on
     let path_a = dir_a.path().display().to_string();
     let cx = TestContext::with("replica_policies", |c| c.policies_dir = Some(path_a), None).await;
     cx.lift_velocity(&cx.tenant.customer_id).await;
-    let b = second_replica(&cx, dir_b.path()).await;
+    let b = cx.second_replica(dir_b.path()).await;
     let b_url = format!("http://{}", b.local_addr());
     let (a_policies, b_policies) = (cx.server.policies().unwrap().clone(), b.policies().unwrap().clone());
     let host = Arc::clone(a_policies.host());
@@ -126,7 +116,7 @@ async fn a_revoked_key_a_paused_instance_and_a_suppression_reach_every_replica_w
     let cx = TestContext::new("replica_cache").await;
     cx.lift_velocity(&cx.tenant.customer_id).await;
     let dir = tempfile::tempdir().unwrap();
-    let b = second_replica(&cx, dir.path()).await;
+    let b = cx.second_replica(dir.path()).await;
     let b_url = format!("http://{}", b.local_addr());
     // B has the key, customer and instance in its cache.
     for phone in ["+14155552101", "+14155552102"] {

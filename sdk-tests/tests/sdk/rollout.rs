@@ -5,7 +5,6 @@
 
 use gateway_sdk_tests::TestContext;
 use gateway_sdk_tests::wasm::{Behaviour, drop_in, expecting, policy};
-use gateway_server::RunningServer;
 use gateway_server::policy::backtest::{self, Window};
 use gateway_server::policy::reload::PolicyControl;
 use gateway_server::policy::tools;
@@ -37,15 +36,6 @@ async fn context(name: &str) -> (TestContext, tempfile::TempDir) {
     let cx = TestContext::with(name, |c| c.policies_dir = Some(path), None).await;
     cx.lift_velocity(&cx.tenant.customer_id).await;
     (cx, dir)
-}
-
-/// A second gateway on `cx`'s store with the same policies directory's modules.
-async fn second_replica(cx: &TestContext, dir: &std::path::Path) -> RunningServer {
-    let mut config = cx.config.clone();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.policies_dir = Some(dir.display().to_string());
-    let log = gateway_server::make_logger(&config).unwrap();
-    gateway_server::start_server(log, &config).await.expect("the second replica starts")
 }
 
 /// Waits up to 5 s until `control` runs the module `sha256` in `mode`; how long it took.
@@ -93,7 +83,7 @@ fn window() -> Window {
 #[tokio::test]
 async fn a_shadow_decides_nothing_reports_what_it_would_change_and_is_promoted_on_every_replica() {
     let (cx, dir) = context("rollout_shadow").await;
-    let b = second_replica(&cx, dir.path()).await;
+    let b = cx.second_replica(dir.path()).await;
     let b_url = format!("http://{}", b.local_addr());
     let (a_policies, b_policies) = (cx.server.policies().unwrap().clone(), b.policies().unwrap().clone());
     let host = Arc::clone(a_policies.host());

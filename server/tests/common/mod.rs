@@ -192,3 +192,18 @@ impl Db {
         }
     }
 }
+
+/// A text send as the demo tenant made by `gateway demo` (instance `demo`), to the
+/// gateway on 127.0.0.1:`port`: its status and JSON answer.
+pub async fn send_text(http: &reqwest::Client, port: u16, key: &str, phone: &str, text: &str) -> (u16, Value) {
+    let body = serde_json::json!({"instance_id": "demo", "phone": phone, "message_purpose": "transactional",
+                                  "message": text});
+    let r = http
+        .post(format!("http://127.0.0.1:{port}/api/send-message"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .expect("the gateway answers");
+    (r.status().as_u16(), r.json().await.unwrap())
+}
