@@ -54,9 +54,15 @@ async fn an_operator_backtests_shadows_promotes_and_rolls_back_a_module_with_the
     let broken = policy("content", "2.0.1", "content", &deny, &expecting("allow"));
     std::fs::write(file("broken.wasm"), broken).unwrap();
 
+    std::fs::write(file("extra.wasm"), policy("extra", "1.0.0", "content", &deny, &expecting("deny"))).unwrap();
     let port = free_port();
+    let metrics = format!("127.0.0.1:{}", free_port());
     let policies_dir = policies.display().to_string();
-    let env = [("GATEWAY_POLICIES_DIR", policies_dir.as_str()), ("GATEWAY_WEBHOOKS__DISPATCH", "false")];
+    let env = [
+        ("GATEWAY_POLICIES_DIR", policies_dir.as_str()),
+        ("GATEWAY_WEBHOOKS__DISPATCH", "false"),
+        ("GATEWAY_METRICS_LISTEN", metrics.as_str()),
+    ];
     let server = serve(gateway(&db.url, &[], &env), port).await;
     let http = reqwest::Client::new();
     for i in 0..5 {
@@ -115,6 +121,25 @@ async fn an_operator_backtests_shadows_promotes_and_rolls_back_a_module_with_the
     assert_eq!(report["changes"], json!({"allow->deny": 3}), "{report}");
     let metrics_off = cli(&db.url, &["policy", "shadow", "purpose"]).1;
     assert_eq!(metrics_off["evaluated"], 0, "no shadow of purpose ran: {metrics_off}");
+
+    // A shadow under a new name: its counters are there at 0 as soon as it runs; a send
+    // it would refuse counts as `allow->deny` (it would decide in addition).
+    let scrape = || async {
+        let text = http.get(format!("http://{metrics}/metrics")).send().await.unwrap().text().await.unwrap();
+        let value = |change: &str| {
+            let series = format!("gateway_policy_shadow_changes_total{{change=\"{change}\",module=\"extra\"}} ");
+            text.lines().find_map(|l| l.strip_prefix(series.as_str()).map(|v| v.trim().to_string()))
+        };
+        (value("review->deny"), value("allow->deny"))
+    };
+    assert_eq!(scrape().await, (None, None), "no series for a module that is not there");
+    let (ok, installed, _) = cli(&db.url, &["policy", "install", &file("extra.wasm"), "--shadow"]);
+    assert!(ok, "{installed}");
+    assert_eq!(scrape().await, (Some("0".into()), Some("0".into())));
+    assert_eq!(send(&http, port, key, "+14155553815").await.0, 200);
+    assert_eq!(scrape().await, (Some("0".into()), Some("1".into())));
+    let (ok, rolled, _) = cli(&db.url, &["policy", "rollback", "extra"]);
+    assert!(ok && rolled["retired"]["name"] == "extra" && rolled["retired"]["mode"] == "shadow", "{rolled}");
 
     // Promote: it decides; rollback: the bundled module decides again.
     let (ok, promoted, _) = cli(&db.url, &["policy", "promote", "content"]);

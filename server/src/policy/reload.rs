@@ -460,6 +460,12 @@ impl Reloader {
                 )
             }))
             .collect();
+        // A shadow's counters exist at 0 from the moment it runs, so a rate has a start.
+        for v in variants.iter().filter(|v| v.rollout.mode == crate::store::RolloutMode::Shadow) {
+            for change in crate::metrics::SHADOW_CHANGES {
+                crate::metrics::get().policy_shadow_changes.with_label_values(&[&v.module.metadata.name, change]);
+            }
+        }
         let generation = self.host.install_with(next, variants);
         info!(self.log, "policy set swapped"; "generation" => generation, "modules" => labels.join(", "));
         generation

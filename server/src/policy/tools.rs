@@ -466,7 +466,8 @@ pub async fn rollback(store: &Store, name: &str, wait: Duration) -> Result<(bool
     let command = if retired.is_some() { "reload" } else { "rollback" };
     let (ok, mut out) = await_command(store, id, command, Some(name), wait).await?;
     if let Some(r) = retired {
-        out["retired"] = json!({"name": r.name, "version": r.version, "sha256": r.sha256, "stored_id": r.id});
+        out["retired"] = json!({"name": r.name, "version": r.version, "sha256": r.sha256, "stored_id": r.id,
+                                "mode": r.rollout.mode_label(), "scope": r.rollout.scope_label()});
     }
     Ok((ok, out))
 }
