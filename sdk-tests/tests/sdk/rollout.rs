@@ -234,7 +234,8 @@ async fn a_canary_decides_a_stable_share_and_the_trace_says_which_version_decide
             other => panic!("{other}: {answer}"),
         }
     }
-    assert!((8..=30).contains(&denied.len()), "about 30 % of 60 decided by the canary: {}", denied.len());
+    // Binomial(60, 0.3): 18 on average; outside 5 to 35 about once in 20,000 runs.
+    assert!((5..=35).contains(&denied.len()), "about 30 % of 60 decided by the canary: {}", denied.len());
     // The same send again (a retry) is decided by the same version.
     for send in &denied {
         assert_eq!(cx.send_json(send).await.0, 403, "{send}");
