@@ -35,16 +35,8 @@ async fn events_written_before_a_kill_are_delivered_after_a_restart() {
     let mut first = serve(&url, port, &dir.path().join("first.log"), "false").await;
     let http = reqwest::Client::new();
     for i in 0..5 {
-        let body = serde_json::json!({"instance_id": "demo", "phone": format!("+1415555{:04}", 3000 + i),
-                                      "message_purpose": "transactional", "message": "Your code is 123456"});
-        let r = http
-            .post(format!("http://127.0.0.1:{port}/api/send-message"))
-            .bearer_auth(key)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
+        let phone = format!("+1415555{:04}", 3000 + i);
+        assert_eq!(common::send_text(&http, port, key, &phone, "Your code is 123456").await.0, 200);
     }
     first.kill().unwrap(); // SIGKILL: no shutdown of any kind
     first.wait().unwrap();

@@ -27,6 +27,9 @@ pub struct PlanLimits {
     pub recipient_per_minute: Option<i64>,
 }
 
+/// The names of the plans a customer can be on.
+pub const PLAN_NAMES: [&str; 2] = ["starter", "scale"];
+
 /// The two plans, `starter` and `scale`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]

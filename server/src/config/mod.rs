@@ -22,7 +22,7 @@ mod tls;
 mod webhooks;
 
 pub use dashboard::DashboardSettings;
-pub use limits::{PlanLimits, Plans, VelocityLimits};
+pub use limits::{PLAN_NAMES, PlanLimits, Plans, VelocityLimits};
 pub use media::MediaLimits;
 pub use pbx::PbxSettings;
 pub use policies::PolicySettings;

@@ -30,9 +30,9 @@ pub fn customer_json(c: &Customer) -> Value {
 }
 
 fn check_plan(plan: &str) -> Result<(), OpsError> {
-    match plan {
-        "starter" | "scale" => Ok(()),
-        other => Err(OpsError::Invalid(format!("plan must be starter or scale, not {other:?}"))),
+    match crate::config::PLAN_NAMES.contains(&plan) {
+        true => Ok(()),
+        false => Err(OpsError::Invalid(format!("plan must be starter or scale, not {plan:?}"))),
     }
 }
 

@@ -99,6 +99,7 @@ impl Tally {
 struct Traced {
     stage: String,
     module: String,
+    version: String,
     sha256: String,
     decision: String,
     code: Option<String>,
@@ -115,6 +116,7 @@ fn traced(trace: Option<&str>) -> Vec<Traced> {
         .map(|e| Traced {
             stage: e["stage"].as_str().unwrap_or_default().to_string(),
             module: e["module"].as_str().unwrap_or_default().to_string(),
+            version: e["version"].as_str().unwrap_or("?").to_string(),
             sha256: e["sha256"].as_str().unwrap_or_default().to_string(),
             decision: e["decision"].as_str().unwrap_or_default().to_string(),
             code: e["code"].as_str().map(str::to_string),
@@ -264,7 +266,7 @@ pub async fn shadow(store: &Store, name: &str, window: &Window) -> Result<Value,
                 continue;
             }
             if label.is_none() {
-                label = Some(format!("{name}@{}", version_of(row, name)));
+                label = shadows.last().map(|e| format!("{name}@{}", e.version));
             }
             let (before, met) = before(row, &trace, name);
             let fuel = shadows.iter().map(|e| e.fuel).sum();
@@ -287,18 +289,4 @@ pub async fn shadow(store: &Store, name: &str, window: &Window) -> Result<Value,
         }
     }
     Ok(tally.report(label.as_deref().unwrap_or(name)))
-}
-
-/// The version the newest shadow entry of `name` in a row names.
-fn version_of(row: &KeptInput, name: &str) -> String {
-    let Some(Ok(Value::Array(entries))) = row.policy_trace.as_deref().map(serde_json::from_str::<Value>) else {
-        return "?".into();
-    };
-    entries
-        .iter()
-        .rev()
-        .find(|e| e["mode"] == "shadow" && e["module"] == name)
-        .and_then(|e| e["version"].as_str())
-        .unwrap_or("?")
-        .to_string()
 }

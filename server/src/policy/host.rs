@@ -201,17 +201,17 @@ impl PolicyHost {
             // Against what decided for the shadow's name at this stage; a shadow under
             // a new name would decide in addition, so against the stricter of its
             // verdict and the stage's decision (as `policy shadow` compares).
-            let mine: Vec<&TraceEntry> =
-                trace.iter().filter(|e| e.mode != Some("shadow") && e.module == module.metadata.name).collect();
+            let mut mine = trace.iter().filter(|e| e.mode != Some("shadow") && e.module == module.metadata.name);
+            let met = mine.clone().next().is_some();
             let stage_decision = match &decision {
                 Decision::Allow => "allow",
                 Decision::Deny { .. } => "deny",
                 Decision::Review { .. } => "review",
             };
-            let decided = mine.iter().map(|e| e.decision).find(|d| *d != "allow").unwrap_or("allow");
+            let decided = mine.find(|e| e.decision != "allow").map_or("allow", |e| e.decision);
             let (before, after) = if entry.decision == "fault" {
                 (stage_decision, "fault")
-            } else if mine.is_empty() {
+            } else if !met {
                 (stage_decision, stricter(stage_decision, entry.decision))
             } else {
                 (decided, entry.decision)

@@ -312,7 +312,7 @@ pub async fn rollout(
         None => RolloutMode::Live,
     };
     for plan in plans {
-        if !matches!(plan.as_str(), "starter" | "scale") {
+        if !crate::config::PLAN_NAMES.contains(&plan.as_str()) {
             return Err(ToolError::Invalid(format!("--plans: no plan {plan:?} (starter, scale)")));
         }
     }
