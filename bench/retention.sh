@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Retention beside sends (issue 22, item 3): sends at an offered 1,000 req/s (open loop,
+# Retention beside sends (issue 22, item 3): sends at an offered RATE (1,000) req/s (open loop,
 # server/examples/openloop.rs) on a store of ROWS message-log rows over 90 days, first
 # alone, then while retention deletes the oldest day of the log (the retention period
 # set to 89 days, then 88, ...); the latencies of both, ROUNDS times, on each store.
@@ -8,6 +8,7 @@
 #
 #   bench/retention.sh                       # ROWS=1000000 ROUNDS=2 DURATION=10
 #   STORES=sqlite ROWS=5000000 JOB=1 bench/retention.sh
+#   STORES=postgres RATE=300 bench/retention.sh  # below what PostgreSQL serves on this machine
 #
 # Every other table keeps its 90 days in both runs, so the log's day is all that goes.
 set -euo pipefail
@@ -15,6 +16,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 ROWS=${ROWS:-1000000}
 ROUNDS=${ROUNDS:-2}
+RATE=${RATE:-1000}
 STORES=${STORES:-sqlite postgres}
 . bench/common.sh
 cargo build --release -q -p gateway-sdk-tests --example scale
@@ -34,8 +36,8 @@ run() { # store database_url port
   local url=http://127.0.0.1:$port/api/send-message
   for round in $(seq 1 "$ROUNDS"); do
     echo "### $name, $ROWS rows, round $round"
-    echo "  sends alone:          $(API_KEY=$key "$BIN/examples/openloop" "$url" 1000 "$DURATION" "$BODY")"
-    API_KEY=$key "$BIN/examples/openloop" "$url" 1000 "$DURATION" "$BODY" > "$work/during" &
+    echo "  sends alone:          $(API_KEY=$key "$BIN/examples/openloop" "$url" "$RATE" "$DURATION" "$BODY")"
+    API_KEY=$key "$BIN/examples/openloop" "$url" "$RATE" "$DURATION" "$BODY" > "$work/during" &
     local load=$! started=$SECONDS
     sleep 1
     local pruned
@@ -61,9 +63,9 @@ job() { # store database_url port
   local url=http://127.0.0.1:$port/api/send-message
   sleep $((30 - (SECONDS - started)))
   echo "### $name, $ROWS rows, the gateway's retention job"
-  echo "  sends alone:          $(API_KEY=$key "$BIN/examples/openloop" "$url" 1000 "$DURATION" "$BODY")"
+  echo "  sends alone:          $(API_KEY=$key "$BIN/examples/openloop" "$url" "$RATE" "$DURATION" "$BODY")"
   sleep $((55 - (SECONDS - started)))
-  echo "  beside the job:       $(API_KEY=$key "$BIN/examples/openloop" "$url" 1000 $((DURATION + 10)) "$BODY")"
+  echo "  beside the job:       $(API_KEY=$key "$BIN/examples/openloop" "$url" "$RATE" $((DURATION + 10)) "$BODY")"
   echo "  the job: $(grep -h -o '"msg":"retention[^}]*' "$work/$name.log" | head -3)"
   kill %1; wait %1 2>/dev/null || true
 }

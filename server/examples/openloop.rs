@@ -9,7 +9,9 @@
 //!   cargo run --release --example openloop -- URL RATE SECONDS BODY   # env API_KEY
 //!
 //! Prints one line: the offered and answered rate, the answers that were not 2xx, and
-//! the 50th, 90th, 99th and 99.9th percentiles and the maximum, in milliseconds.
+//! the 50th, 90th, 99th and 99.9th percentiles and the maximum, in milliseconds. With
+//! `OPENLOOP_TRACE=FILE` it also writes each request's due time and latency (ms, one
+//! line each) to FILE, to see when the slow answers came.
 
 use std::time::{Duration, Instant};
 
@@ -44,15 +46,20 @@ async fn main() {
                 }
                 Err(_) => false,
             };
-            (due.elapsed(), ok)
+            (due - start, due.elapsed(), ok)
         }));
     }
     let mut latencies = Vec::with_capacity(total);
     let mut failed = 0;
+    let mut trace = String::new();
     for task in tasks {
-        let (latency, ok) = task.await.expect("request task");
+        let (at, latency, ok) = task.await.expect("request task");
+        trace.push_str(&format!("{:.3} {:.3}\n", at.as_secs_f64() * 1e3, latency.as_secs_f64() * 1e3));
         latencies.push(latency);
         failed += usize::from(!ok);
+    }
+    if let Ok(path) = std::env::var("OPENLOOP_TRACE") {
+        std::fs::write(&path, trace).expect("OPENLOOP_TRACE is a writable file");
     }
     let elapsed = start.elapsed().as_secs_f64();
     latencies.sort();

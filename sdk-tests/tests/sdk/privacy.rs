@@ -101,8 +101,24 @@ async fn retention_deletes_rows_past_their_time_and_nothing_else() {
     .await
     .unwrap();
 
+    // 1,500 lapsed rate-limit rows and one that is not: on SQLite they go in many
+    // batches (each sized to hold the write lock about 2 ms), and every one goes.
+    conn.execute(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1500) \
+         INSERT INTO rate_limits (key, tat, expires_at) SELECT 'lapsed-' || i, 0, 1 FROM n",
+    )
+    .await
+    .unwrap();
+    conn.execute(
+        format!("INSERT INTO rate_limits (key, tat, expires_at) VALUES ('live', 0, {})", now_ms() + DAY_MS).as_str(),
+    )
+    .await
+    .unwrap();
+
     let report = store.run_retention(&gateway_server::retention_plan(&cx.config, now_ms())).await.unwrap();
     let pruned = |table: &str| report.iter().find(|p| p.table == table).map(|p| p.rows).unwrap();
+    assert_eq!(pruned("rate_limits"), 1500);
+    assert_eq!(count(&mut conn, "SELECT COUNT(*) FROM rate_limits WHERE key = 'live'").await, 1);
     assert_eq!(pruned("message_log"), 1, "the old settled send; the old pending one stays");
     assert_eq!(pruned("inbound_messages"), 1);
     assert_eq!(pruned("provider_events"), 2, "the applied raw bodies; the failed one is kept to reprocess");

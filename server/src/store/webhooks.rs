@@ -111,6 +111,44 @@ impl FromCols for ClaimedEvent {
 const EVENT_COLUMNS: &str =
     "id, customer_id, instance_id, event_type, payload, attempts, created_at, delivered_at, outcome";
 
+/// The claim, up to the end of its subquery: `$1` the lease's end, `$2` now, `$3` how many.
+const CLAIM_SQL: &str = "UPDATE outbox SET available_at = $1, locked_until = $1 WHERE id IN (SELECT id FROM outbox \
+     WHERE delivered_at IS NULL AND available_at <= $2 ORDER BY available_at LIMIT $3";
+
+/// The claim on SQLite, as the store's writer runs it (see `Store::claim_events`).
+struct Claim {
+    now: i64,
+    lease_until: i64,
+    limit: i64,
+}
+
+impl Write for Claim {
+    type Output = Vec<ClaimedEvent>;
+
+    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<Vec<ClaimedEvent>, StoreError> {
+        static SQL: std::sync::LazyLock<String> =
+            std::sync::LazyLock::new(|| format!("{CLAIM_SQL}) RETURNING {EVENT_COLUMNS}"));
+        let mut stmt = tx.prepare_cached(&SQL)?;
+        let params = [SqlValue::Integer(self.lease_until), SqlValue::Integer(self.now), SqlValue::Integer(self.limit)];
+        super::bind_dollar(&mut stmt, &params)?;
+        let mut rows = stmt.raw_query();
+        let mut events = Vec::new();
+        while let Some(row) = rows.next()? {
+            events.push(ClaimedEvent::from_cols(row)?);
+        }
+        Ok(events)
+    }
+
+    /// Never asked: PostgreSQL claims on a connection of the pool (`FOR UPDATE SKIP LOCKED`).
+    fn postgres(&self) -> Postgres {
+        Postgres::Statements(Vec::new())
+    }
+
+    fn read_postgres(&self, _answer: PgAnswer) -> Result<Vec<ClaimedEvent>, StoreError> {
+        Err(StoreError::Conflict("the SQLite claim of webhook events ran on PostgreSQL".into()))
+    }
+}
+
 /// One delivery attempt as logged.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct WebhookAttempt {
@@ -256,15 +294,18 @@ impl Store {
     }
 
     /// Claims up to `limit` due events until `lease_until`, oldest due first.
+    ///
+    /// On SQLite the claim runs in the store's writer, between the other writes: on a
+    /// connection of its own it took the write lock beside the writer, and each side
+    /// that met the other slept in SQLite's busy handler (BENCHMARKS.md, issue 22).
     pub async fn claim_events(&self, now: i64, lease_until: i64, limit: i64) -> Result<Vec<ClaimedEvent>, StoreError> {
-        let lock = if self.backend == Backend::Postgres { " FOR UPDATE SKIP LOCKED" } else { "" };
-        let sql = format!(
-            "UPDATE outbox SET available_at = $1, locked_until = $1 WHERE id IN (SELECT id FROM outbox \
-             WHERE delivered_at IS NULL AND available_at <= $2 ORDER BY available_at LIMIT $3{lock}) \
-             RETURNING {EVENT_COLUMNS}"
-        );
-        let rows = sqlx::query(&sql).bind(lease_until).bind(now).bind(limit).fetch_all(&self.write).await?;
-        let mut events = rows.iter().map(ClaimedEvent::from_cols).collect::<Result<Vec<_>, _>>()?;
+        let mut events = if self.backend == Backend::Sqlite {
+            self.write(Claim { now, lease_until, limit }).await?
+        } else {
+            let sql = format!("{CLAIM_SQL} FOR UPDATE SKIP LOCKED) RETURNING {EVENT_COLUMNS}");
+            let rows = sqlx::query(&sql).bind(lease_until).bind(now).bind(limit).fetch_all(&self.write).await?;
+            rows.iter().map(ClaimedEvent::from_cols).collect::<Result<Vec<_>, _>>()?
+        };
         events.sort_by_key(|e| e.id);
         Ok(events)
     }

@@ -252,10 +252,12 @@ pub(super) fn spawn_sqlite(
 ) -> Result<mpsc::Sender<Queued>, StoreError> {
     let mut conn = rusqlite::Connection::open(&path)?;
     conn.execute_batch(&options.sqlite_pragmas())?;
+    conn.busy_handler(Some(busy::poll))?;
     let (tx, mut rx) = mpsc::channel::<Queued>(4 * MAX_BATCH);
     std::thread::Builder::new()
         .name("sqlite-writer".into())
         .spawn(move || {
+            busy::LIMIT.set(options.timeout);
             let mut batch = Vec::with_capacity(MAX_BATCH);
             while let Some(first) = rx.blocking_recv() {
                 batch.push(first);
@@ -281,6 +283,39 @@ pub(super) fn spawn_sqlite(
         })
         .map_err(|e| StoreError::Conflict(format!("starting the SQLite writer: {e}")))?;
     Ok(tx)
+}
+
+/// The SQLite writer's busy handler. SQLite's own (what `busy_timeout` installs) sleeps
+/// 1, 2, 5, 10, ... up to 100 ms between tries, so a writer that meets a short
+/// transaction of another connection (the dispatcher's claim, a `gateway retention run`
+/// batch from another process) slept up to twice as long as the lock was held, and
+/// every send queued behind it waited as long (BENCHMARKS.md, issue 22). The writer
+/// tries again every quarter of a millisecond instead, then every 2 ms after the first
+/// second, until the store's timeout (`StoreOptions::timeout`) has passed.
+mod busy {
+    use std::cell::Cell;
+    use std::time::{Duration, Instant};
+
+    thread_local! {
+        /// How long one statement may wait for the lock (set by the writer thread).
+        pub static LIMIT: Cell<Duration> = const { Cell::new(Duration::from_secs(10)) };
+        static SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+
+    /// Called by SQLite with the number of tries so far; false gives up (SQLITE_BUSY).
+    pub fn poll(tries: i32) -> bool {
+        let now = Instant::now();
+        if tries == 0 {
+            SINCE.set(Some(now));
+        }
+        let waited = now - SINCE.get().unwrap_or(now);
+        if waited >= LIMIT.get() {
+            return false;
+        }
+        let step = if waited < Duration::from_secs(1) { Duration::from_micros(250) } else { Duration::from_millis(2) };
+        std::thread::sleep(step);
+        true
+    }
 }
 
 fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result<(), StoreError> {
@@ -428,5 +463,21 @@ mod tests {
         assert_eq!(sqlite_path("sqlite:g.db"), Some(PathBuf::from("g.db")));
         assert_eq!(sqlite_path("sqlite::memory:"), None);
         assert_eq!(sqlite_path("postgres://x/y"), None);
+    }
+
+    #[test]
+    fn the_writer_polls_for_the_lock_until_the_store_timeout_and_then_gives_up() {
+        super::busy::LIMIT.set(std::time::Duration::from_millis(50));
+        let started = std::time::Instant::now();
+        let mut tries = 0;
+        while super::busy::poll(tries) {
+            tries += 1;
+        }
+        let waited = started.elapsed();
+        assert!(waited >= std::time::Duration::from_millis(50), "gave up after {waited:?}");
+        // A quarter of a millisecond a try (SQLite's own handler: 1, 2, 5, 10 ms, ...).
+        assert!(tries >= 8, "only {tries} tries in {waited:?}");
+        // A new wait starts its clock again.
+        assert!(super::busy::poll(0));
     }
 }
