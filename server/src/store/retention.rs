@@ -1,10 +1,10 @@
 //! Retention: every table that grows with traffic loses its rows past their time, in
 //! one place ([`Store::run_retention`]), run by a background job on every gateway and
-//! by `gateway retention run`. Deletes go in batches ([`BATCH`] rows on PostgreSQL; on
-//! SQLite as many as take about [`SQLITE_HOLD`], with a pause after each), so a large
-//! backlog never holds the database's write lock for long (replicas and the SQLite
-//! writer keep going between batches); running on several replicas at once is
-//! harmless (a row is deleted once).
+//! by `gateway retention run`. Deletes go in batches, each sized to take about a set
+//! time ([`Pace`]) and followed by a pause four times as long, so a large backlog never
+//! holds SQLite's write lock for long nor takes more than a fifth of a PostgreSQL
+//! backend (replicas and the SQLite writer keep going between batches); running on
+//! several replicas at once is harmless (a row is deleted once).
 //!
 //! Never deleted here: a message-log row whose attempt is still `pending` (the orphan
 //! sweep settles it first), an undelivered webhook event, a review item waiting for a
@@ -17,20 +17,38 @@ use serde::Serialize;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-/// Rows deleted per statement (PostgreSQL).
-pub const BATCH: i64 = 5_000;
-/// How long one batch of deletes may hold SQLite's write lock, which every send's write
-/// needs. Batches of 5,000 rows and then of 500 (rows of the message log take their
-/// seven indexes with them) stopped sends for 100 to 300 ms, then 40 to 280 ms, while a
-/// day of a 1 M-row log went (p99 at 1,000 req/s; BENCHMARKS.md). Each batch is now
-/// sized from the last one's time to take about this long, and retention then waits
-/// [`SQLITE_PAUSE`] times as long, so that sends' writes get the lock at least four
-/// fifths of the time.
-pub const SQLITE_HOLD: Duration = Duration::from_millis(2);
-/// The pause after a SQLite batch, in multiples of the time the batch took.
-pub const SQLITE_PAUSE: u32 = 4;
-/// The first SQLite batch, and the bounds of every other.
-const SQLITE_ROWS: (i64, i64, i64) = (50, 10, 500);
+/// How retention paces its deletes on one store: each batch is sized from the time of
+/// the one before to take about `hold` (at most twice as many rows at a time, within
+/// `rows`), and retention then waits [`PAUSE`] times as long.
+///
+/// On SQLite a batch holds the one write lock that every send's write needs. Batches of
+/// 5,000 rows and then of 500 (rows of the message log take their seven indexes with
+/// them) stopped sends for 100 to 300 ms, then 40 to 280 ms, while a day of a 1 M-row log
+/// went (p99 at 1,000 req/s; BENCHMARKS.md); batches of about 2 ms took it to 1.5 times
+/// that of sends alone. On PostgreSQL a delete blocks no insert, but 5,000 rows at once
+/// took a backend's CPU and the disk in bursts beside sends on two cores.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    pub hold: Duration,
+    /// (the first batch, the fewest, the most)
+    pub rows: (i64, i64, i64),
+}
+
+/// SQLite's pace.
+pub const SQLITE: Pace = Pace { hold: Duration::from_millis(2), rows: (50, 10, 500) };
+/// PostgreSQL's pace.
+pub const POSTGRES: Pace = Pace { hold: Duration::from_millis(20), rows: (500, 100, 5_000) };
+/// The pause after a batch, in multiples of the time the batch took: sends keep the
+/// store at least four fifths of the time.
+pub const PAUSE: u32 = 4;
+
+impl Pace {
+    /// The size of the next batch, after one of `size` rows took `took`.
+    fn next(self, size: i64, took: Duration) -> i64 {
+        let scaled = size as f64 * self.hold.as_secs_f64() / took.as_secs_f64().max(1e-6);
+        (scaled as i64).min(size * 2).clamp(self.rows.1, self.rows.2)
+    }
+}
 
 /// The cut-off times of one run (Unix ms): rows older than these go.
 #[derive(Clone, Debug)]
@@ -120,13 +138,6 @@ const STEPS: &[Step] = &[
     ("policy_gateways", "heartbeat_at < $1", |p| p.now - 24 * 3_600_000),
 ];
 
-/// The size of the next SQLite batch: the last one's, scaled to take [`SQLITE_HOLD`]
-/// (at most twice as many at a time), within `bounds`.
-fn next_sqlite_batch(size: i64, took: Duration, (fewest, most): (i64, i64)) -> i64 {
-    let scaled = size as f64 * SQLITE_HOLD.as_secs_f64() / took.as_secs_f64().max(1e-6);
-    (scaled as i64).min(size * 2).clamp(fewest, most)
-}
-
 /// The tables retention keeps short, each named once.
 pub fn tables() -> Vec<&'static str> {
     let mut tables: Vec<&'static str> = STEPS.iter().map(|(t, _, _)| *t).collect();
@@ -138,11 +149,11 @@ impl Store {
     /// Deletes every row past its time; what each table lost.
     pub async fn run_retention(&self, plan: &RetentionPlan) -> Result<Vec<Pruned>, StoreError> {
         let mut report: Vec<Pruned> = Vec::new();
-        let (first, fewest, most) = SQLITE_ROWS;
-        let mut size = match self.backend {
-            Backend::Sqlite => first,
-            Backend::Postgres => BATCH,
+        let pace = match self.backend {
+            Backend::Sqlite => SQLITE,
+            Backend::Postgres => POSTGRES,
         };
+        let mut size = pace.rows.0;
         for ((table, _, cut_off), [sqlite, postgres]) in STEPS.iter().zip(DELETES.iter()) {
             let at = cut_off(plan);
             let mut rows = 0;
@@ -165,14 +176,9 @@ impl Store {
                 if done < size as u64 {
                     break;
                 }
-                match self.backend {
-                    Backend::Sqlite => {
-                        let took = started.elapsed();
-                        size = next_sqlite_batch(size, took, (fewest, most));
-                        tokio::time::sleep((took * SQLITE_PAUSE).max(Duration::from_millis(1))).await;
-                    }
-                    Backend::Postgres => tokio::task::yield_now().await,
-                }
+                let took = started.elapsed();
+                size = pace.next(size, took);
+                tokio::time::sleep((took * PAUSE).max(Duration::from_millis(1))).await;
             }
             match report.iter_mut().find(|p| p.table == *table) {
                 Some(p) => p.rows += rows,
@@ -188,15 +194,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sqlite_batch_is_sized_to_hold_the_lock_about_two_milliseconds() {
+    fn a_batch_is_sized_to_take_about_its_pace() {
         let ms = Duration::from_millis;
-        // Twice as long as it should: half as many next time.
-        assert_eq!(next_sqlite_batch(100, ms(4), (10, 500)), 50);
+        // SQLite, about 2 ms. Twice as long as it should: half as many next time.
+        assert_eq!(SQLITE.next(100, ms(4)), 50);
         // Quick: more, but never more than twice as many at once.
-        assert_eq!(next_sqlite_batch(100, Duration::from_micros(1500), (10, 500)), 133);
-        assert_eq!(next_sqlite_batch(100, Duration::from_micros(10), (10, 500)), 200);
+        assert_eq!(SQLITE.next(100, Duration::from_micros(1500)), 133);
+        assert_eq!(SQLITE.next(100, Duration::from_micros(10)), 200);
         // Within the bounds, whatever the clock said.
-        assert_eq!(next_sqlite_batch(10, ms(400), (10, 500)), 10);
-        assert_eq!(next_sqlite_batch(400, Duration::ZERO, (10, 500)), 500);
+        assert_eq!(SQLITE.next(10, ms(400)), 10);
+        assert_eq!(SQLITE.next(400, Duration::ZERO), 500);
+        // PostgreSQL, about 20 ms, 100 to 5,000 rows.
+        assert_eq!(POSTGRES.next(5_000, ms(200)), 500);
+        assert_eq!(POSTGRES.next(500, ms(1)), 1_000);
+        assert_eq!(POSTGRES.next(4_000, ms(10)), 5_000);
+        assert_eq!(POSTGRES.next(100, ms(1_000)), 100);
     }
 }
