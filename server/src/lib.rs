@@ -286,6 +286,8 @@ pub async fn start_server_with(log: Logger, config: &Config, parts: Parts) -> Re
     let state = Arc::new(state);
     // The dummy hash unknown emails are checked against, made before the first sign-in.
     dashboard::auth::prepare().await;
+    // libphonenumber's rules, read before the first send instead of during it.
+    phone::prepare().await;
     let api = http::api_description().map_err(StartError::Api)?;
     let routes = declare_metrics(modules)?;
     let dropshot_config = ConfigDropshot {

@@ -45,6 +45,17 @@ pub fn normalize(raw: &str) -> Option<Phone> {
     Some(phone)
 }
 
+/// Loads libphonenumber's rules before the first send. The `phonenumber` crate reads
+/// its metadata on first use: the first send after a start took 86 ms in its schema
+/// stage, and the sends that came meanwhile waited behind it (p99 of the first seconds
+/// at 1,000 req/s 149 ms against 9 to 43 ms after; BENCHMARKS.md).
+pub async fn prepare() {
+    let _ = tokio::task::spawn_blocking(|| {
+        phonenumber::parse(None, "+14155550123").map(|number| phonenumber::is_valid(&number))
+    })
+    .await;
+}
+
 /// Valid numbers parsed lately, by their international form. libphonenumber's rules are
 /// dozens of regular expressions per number (8 % of the workers' CPU under load,
 /// BENCHMARKS.md), and a gateway sends to the same numbers again and again (codes to
