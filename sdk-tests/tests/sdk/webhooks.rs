@@ -313,6 +313,29 @@ async fn only_selected_events_are_delivered_and_others_are_marked_skipped() {
 }
 
 #[tokio::test]
+async fn events_of_an_instance_without_an_endpoint_are_done_as_skipped() {
+    use sqlx::Connection;
+    let cx = context("wh_none", |_| {}).await;
+    cx.lift_velocity(&cx.tenant.customer_id).await;
+    // Several at once, so that one claim finds more than one (they share one write).
+    let phones = ["+14155550141", "+14155550142", "+14155550143", "+14155550144", "+15005550001"];
+    futures::future::join_all(phones.iter().map(|p| send(&cx, p))).await;
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&cx.config.database_url).await.unwrap();
+    let sql = format!("SELECT id FROM outbox WHERE customer_id = '{}' ORDER BY id", cx.tenant.customer_id);
+    let ids: Vec<i64> = sqlx::query_scalar(sql.as_str()).fetch_all(&mut conn).await.unwrap();
+    assert_eq!(ids.len(), phones.len(), "one event a send");
+    for id in ids {
+        assert_eq!(outcome(&cx, id).await, "skipped_no_endpoint");
+        let event = cx.store().outbox_event(id).await.unwrap().unwrap();
+        assert_eq!(event.attempts, 0, "no attempt was made");
+        assert!(cx.store().attempts_of_event(id).await.unwrap().is_empty());
+    }
+    conn.close().await.unwrap();
+    cx.teardown().await;
+}
+
+#[tokio::test]
 async fn during_a_rotation_both_secrets_sign() {
     let cx = context("wh_rotate", |_| {}).await;
     let receiver = Receiver::start().await;

@@ -324,6 +324,35 @@ impl Store {
         self.write(Exec(statements)).await.map(|_| ())
     }
 
+    /// Claimed events done undelivered (`skipped_...`), each with its outcome, in one
+    /// write: one statement per outcome, the ids as a JSON array.
+    pub async fn skip_events(&self, skipped: &[(i64, &'static str)]) -> Result<(), StoreError> {
+        if skipped.is_empty() {
+            return Ok(());
+        }
+        let now = now_ms();
+        let mut by_outcome: std::collections::BTreeMap<&str, Vec<i64>> = std::collections::BTreeMap::new();
+        for (id, outcome) in skipped {
+            by_outcome.entry(outcome).or_default().push(*id);
+        }
+        let sql = match self.backend {
+            Backend::Sqlite => SKIP_SQLITE,
+            Backend::Postgres => SKIP_POSTGRES,
+        };
+        let statements = by_outcome
+            .into_iter()
+            .map(|(outcome, ids)| Statement {
+                sql,
+                params: vec![
+                    SqlValue::Integer(now),
+                    SqlValue::Text(outcome.to_string()),
+                    SqlValue::Text(serde_json::Value::from(ids).to_string()),
+                ],
+            })
+            .collect();
+        self.write(SkipEvents(statements)).await
+    }
+
     /// One outbox event.
     pub async fn outbox_event(&self, id: i64) -> Result<Option<ClaimedEvent>, StoreError> {
         let row = sqlx::query(&format!("SELECT {EVENT_COLUMNS} FROM outbox WHERE id = $1"))
@@ -490,6 +519,39 @@ fn finish_json(
         "event_id": event_id, "attempt": attempt, "state": state, "outcome": outcome, "at": at,
         "counted": counted, "change": change, "reason": reason, "now": now,
     })
+}
+
+/// Events done without an attempt (`Store::skip_events`); `$3` is a JSON array of ids.
+const SKIP_SQLITE: &str = "UPDATE outbox SET delivered_at = $1, outcome = $2, locked_until = NULL \
+     WHERE id IN (SELECT value FROM json_each($3))";
+const SKIP_POSTGRES: &str = "UPDATE outbox SET delivered_at = $1, outcome = $2, locked_until = NULL \
+     WHERE id IN (SELECT jsonb_array_elements_text($3::jsonb)::bigint)";
+
+/// `skip_events`' statements, in the delivery lane with the other outcomes of the
+/// dispatcher.
+struct SkipEvents(Vec<Statement>);
+
+impl Write for SkipEvents {
+    type Output = ();
+
+    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+        self.0.iter().try_for_each(|st| sqlite_exec(tx, st).map(|_| ()))
+    }
+
+    fn postgres(&self) -> Postgres {
+        Postgres::Statements(self.0.clone())
+    }
+
+    fn read_postgres(&self, answer: PgAnswer) -> Result<(), StoreError> {
+        match answer {
+            PgAnswer::Rows(_) => Ok(()),
+            PgAnswer::Value(v) => Err(super::writer::unexpected(&v)),
+        }
+    }
+
+    fn lane(&self) -> usize {
+        super::writer::lane::DELIVERY
+    }
 }
 
 /// The end of a delivery attempt: its statements on SQLite; on PostgreSQL one element of
