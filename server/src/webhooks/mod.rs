@@ -382,7 +382,6 @@ impl Dispatcher {
     }
 }
 
-/// The stable id of an event, the same on every attempt (`X-Gateway-Event-Id`).
 /// The endpoint an event goes to, or the outcome it is done with undelivered: no
 /// endpoint, a disabled one, or one that did not select the event's type.
 fn target(endpoint: Option<Arc<WebhookEndpoint>>, event_type: &str) -> Result<Arc<WebhookEndpoint>, &'static str> {
@@ -394,6 +393,7 @@ fn target(endpoint: Option<Arc<WebhookEndpoint>>, event_type: &str) -> Result<Ar
     }
 }
 
+/// The stable id of an event, the same on every attempt (`X-Gateway-Event-Id`).
 pub fn event_id(outbox_id: i64) -> String {
     format!("evt_{outbox_id}")
 }
