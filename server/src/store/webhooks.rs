@@ -350,7 +350,7 @@ impl Store {
                 ],
             })
             .collect();
-        self.write(SkipEvents(statements)).await
+        self.write(SkipEvents(Exec(statements))).await.map(|_| ())
     }
 
     /// One outbox event.
@@ -527,26 +527,23 @@ const SKIP_SQLITE: &str = "UPDATE outbox SET delivered_at = $1, outcome = $2, lo
 const SKIP_POSTGRES: &str = "UPDATE outbox SET delivered_at = $1, outcome = $2, locked_until = NULL \
      WHERE id IN (SELECT jsonb_array_elements_text($3::jsonb)::bigint)";
 
-/// `skip_events`' statements, in the delivery lane with the other outcomes of the
-/// dispatcher.
-struct SkipEvents(Vec<Statement>);
+/// `skip_events`' statements: plain statements (`Exec`), in the delivery lane with the
+/// other outcomes of the dispatcher.
+struct SkipEvents(Exec);
 
 impl Write for SkipEvents {
-    type Output = ();
+    type Output = Vec<u64>;
 
-    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
-        self.0.iter().try_for_each(|st| sqlite_exec(tx, st).map(|_| ()))
+    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<Vec<u64>, StoreError> {
+        self.0.sqlite(tx)
     }
 
     fn postgres(&self) -> Postgres {
-        Postgres::Statements(self.0.clone())
+        self.0.postgres()
     }
 
-    fn read_postgres(&self, answer: PgAnswer) -> Result<(), StoreError> {
-        match answer {
-            PgAnswer::Rows(_) => Ok(()),
-            PgAnswer::Value(v) => Err(super::writer::unexpected(&v)),
-        }
+    fn read_postgres(&self, answer: PgAnswer) -> Result<Vec<u64>, StoreError> {
+        self.0.read_postgres(answer)
     }
 
     fn lane(&self) -> usize {
