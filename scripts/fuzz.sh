@@ -34,11 +34,14 @@ for target in "${targets[@]}"; do
   seeds=("fuzz/corpus/$target")
   [ "$target" = policy_module ] && seeds+=(policies/dist)
   echo "== fuzz: $target for ${FUZZ_SECONDS}s =="
+  status=0
   cargo fuzz run --fuzz-dir fuzz -s none --dev "$target" "$scratch/$target" "${seeds[@]}" -- \
     -max_total_time="$FUZZ_SECONDS" -timeout=20 -rss_limit_mb=3072 -print_final_stats=1 \
-    -artifact_prefix="fuzz/artifacts/$target/" 2>&1 | grep -E "^(#|stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|Done)" | tail -4
-  status=${PIPESTATUS[0]}
+    -artifact_prefix="fuzz/artifacts/$target/" >"$scratch/$target.log" 2>&1 || status=$?
+  grep -E "^(#|stat::number_of_executed_units|stat::new_units_added|==|SUMMARY|Done)" "$scratch/$target.log" | tail -4 || true
   if [ "$status" != 0 ]; then
+    # What failed, with the input: the panic and its message, not only libFuzzer's summary.
+    grep -E -A3 "panicked at|ERROR: libFuzzer|^error|Test unit written|^Base64:" "$scratch/$target.log" | head -40 >&2 || true
     echo "fuzz: $target failed (exit $status); the input is in fuzz/artifacts/$target/" >&2
     exit "$status"
   fi

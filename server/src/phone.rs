@@ -30,12 +30,18 @@ pub fn normalize(raw: &str) -> Option<Phone> {
     if let Some(phone) = PARSED.lock().ok().and_then(|seen| seen.get(&international).cloned()) {
         return Some(phone);
     }
-    let number = phonenumber::parse(None, &international).ok()?;
-    if !phonenumber::is_valid(&number) {
+    let phone = parse_valid(&international)?;
+    // Two numbers libphonenumber's rules call valid are not E.164 numbers a gateway
+    // may send to: a German number of 16 or 17 digits (its rules allow national numbers
+    // of up to 15 digits, E.164 allows 15 digits in all), and a number the rules rewrite
+    // into one they then refuse (`+7 888 733 360 969`, its national prefix taken out,
+    // gives `+78733360969`, which is not valid). Both were found by fuzzing
+    // (fuzz/corpus/phone); a number given must normalise to itself.
+    if phone.e164.len() > E164_MAX_LEN
+        || (phone.e164 != international && parse_valid(&phone.e164).as_ref() != Some(&phone))
+    {
         return None;
     }
-    let phone =
-        Phone { e164: number.format().mode(phonenumber::Mode::E164).to_string(), country_code: number.code().value() };
     if let Ok(mut seen) = PARSED.lock() {
         if seen.len() >= PARSED_MAX {
             seen.clear();
@@ -44,6 +50,18 @@ pub fn normalize(raw: &str) -> Option<Phone> {
     }
     Some(phone)
 }
+
+/// The number libphonenumber's rules read from `international`, if they call it valid.
+fn parse_valid(international: &str) -> Option<Phone> {
+    let number = phonenumber::parse(None, international).ok()?;
+    if !phonenumber::is_valid(&number) {
+        return None;
+    }
+    Some(Phone { e164: number.format().mode(phonenumber::Mode::E164).to_string(), country_code: number.code().value() })
+}
+
+/// `+` and at most 15 digits (ITU-T E.164).
+const E164_MAX_LEN: usize = 16;
 
 /// Loads libphonenumber's rules before the first send. The `phonenumber` crate reads
 /// its metadata on first use: the first send after a start took 86 ms in its schema
@@ -91,6 +109,28 @@ mod tests {
             assert_eq!(normalize(raw), normalize("+442079460958"), "{raw}");
         }
         assert!(normalize("+1415").is_none() && normalize("+1415").is_none());
+    }
+
+    #[test]
+    fn numbers_the_rules_accept_but_e164_does_not_are_refused() {
+        // libphonenumber's rules call both valid; the first has 16 digits, the second
+        // 17, E.164 allows 15.
+        for raw in ["+4959233313338886", "+49514815525479276"] {
+            assert!(phonenumber::is_valid(&phonenumber::parse(None, raw).unwrap()), "{raw}");
+            assert!(normalize(raw).is_none(), "{raw}");
+        }
+        // 15 digits is still a number.
+        assert_eq!(normalize("+49 30 12345678901").map(|p| p.e164), Some("+493012345678901".to_string()));
+    }
+
+    #[test]
+    fn a_number_the_rules_rewrite_into_an_invalid_one_is_refused() {
+        // The rules take a national prefix 8 out of the first, and refuse what they give.
+        for raw in ["+7888733360969", "007888136193081"] {
+            let rewritten = parse_valid(&format!("+{}", raw.trim_start_matches(['+', '0']))).unwrap();
+            assert!(parse_valid(&rewritten.e164).is_none(), "{raw} gives {}", rewritten.e164);
+            assert!(normalize(raw).is_none(), "{raw}");
+        }
     }
 
     #[test]
