@@ -419,6 +419,24 @@ async fn a_destination_that_resolves_to_loopback_is_refused_without_the_developm
     assert_eq!(attempts[0].status_code, None);
     let error = attempts[0].error.as_deref().unwrap();
     assert!(error.contains("refused address"), "{error}");
+    // A literal loopback address stored the same way is refused by the form check, which
+    // the dispatcher makes once per endpoint per claim: the next claim reads the endpoint
+    // again, so the changed URL is the one checked.
+    let url = format!("https://127.0.0.1:{}/", receiver.port);
+    cx.store().set_webhook(&cx.tenant.instance_id, &url, &["message.sent".into()], None).await.unwrap();
+    send(&cx, "+14155550136").await;
+    let started = std::time::Instant::now();
+    let attempts = loop {
+        let attempts = cx.store().recent_attempts(&cx.tenant.instance_id, 10).await.unwrap();
+        if attempts.len() >= 2 || started.elapsed() > WAIT {
+            break attempts;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let literal = attempts.iter().find(|a| a.url == url).expect("an attempt for the literal address");
+    assert_eq!(literal.status_code, None);
+    let error = literal.error.as_deref().unwrap();
+    assert!(error.starts_with("refused by the SSRF guard"), "{error}");
     assert!(receiver.received().is_empty(), "no connection reached the receiver");
     cx.teardown().await;
 }

@@ -88,6 +88,13 @@ impl Outcome {
     }
 }
 
+/// An endpoint's URL as the SSRF guard parsed and checked it: its form and literal
+/// addresses (names are checked by the resolver at connect). The URL the guard parsed is
+/// the one posted to, and the dispatcher checks it once per endpoint per claim, not once
+/// per delivery (URL parsing was 5.8 % of the process while delivering, BENCHMARKS.md,
+/// issue 22).
+pub type CheckedUrl = Result<url::Url, ssrf::SsrfError>;
+
 /// Posts `body` to `endpoint` with the gateway's headers; never follows a redirect.
 pub async fn post(
     client: &reqwest::Client,
@@ -97,15 +104,25 @@ pub async fn post(
     body: &[u8],
     allow_loopback: bool,
 ) -> Outcome {
+    let url = guarded::check_url(&endpoint.url, allow_loopback);
+    post_checked(client, endpoint, &url, event_type, event_id, body).await
+}
+
+/// [`post`] to the URL the guard already checked for `endpoint`.
+async fn post_checked(
+    client: &reqwest::Client,
+    endpoint: &WebhookEndpoint,
+    url: &CheckedUrl,
+    event_type: &str,
+    event_id: &str,
+    body: &[u8],
+) -> Outcome {
     let started = Instant::now();
     let now = now_ms();
     let timestamp = now.div_euclid(1000).to_string();
     let mut outcome = Outcome::default();
-    // The form and literal addresses are checked here; names by the resolver at connect.
-    // The URL the guard parsed is the one posted to (parsing it again for the client was
-    // half of the dispatcher's URL parsing, BENCHMARKS.md, issue 22).
-    let url = match guarded::check_url(&endpoint.url, allow_loopback) {
-        Ok(url) => url,
+    let url = match url {
+        Ok(url) => url.clone(),
         Err(e) => {
             outcome.error = Some(format!("refused by the SSRF guard: {e}"));
             return outcome;
@@ -245,13 +262,19 @@ impl Dispatcher {
                 }
                 continue;
             }
-            // Each instance's endpoint is read once per claim, for all its events.
+            // Each instance's endpoint is read, and its URL checked, once per claim, for
+            // all its events.
             let mut endpoints: HashMap<String, Result<Option<Arc<WebhookEndpoint>>, ()>> = HashMap::new();
+            let mut urls: HashMap<String, Arc<CheckedUrl>> = HashMap::new();
             for instance in claimed.iter().filter_map(|e| e.instance_id.as_deref()) {
                 if !endpoints.contains_key(instance) {
                     let endpoint = self.store.webhook(instance).await.map(|e| e.map(Arc::new)).map_err(|e| {
                         error!(self.log, "reading a webhook endpoint failed"; "instance_id" => instance, "error" => %e);
                     });
+                    if let Ok(Some(endpoint)) = &endpoint {
+                        let url = guarded::check_url(&endpoint.url, self.allow_loopback);
+                        urls.insert(instance.to_string(), Arc::new(url));
+                    }
                     endpoints.insert(instance.to_string(), endpoint);
                 }
             }
@@ -272,12 +295,16 @@ impl Dispatcher {
                         continue;
                     }
                 };
+                let url = match event.instance_id.as_deref().and_then(|i| urls.get(i)) {
+                    Some(url) => url.clone(),
+                    None => Arc::new(guarded::check_url(&endpoint.url, self.allow_loopback)),
+                };
                 let permit = permits.clone().acquire_owned().await.expect("the semaphore is never closed");
                 running.insert(event.id);
                 let this = self.clone();
                 in_flight.spawn(async move {
                     let id = event.id;
-                    this.deliver(event, endpoint).await;
+                    this.deliver(event, endpoint, &url).await;
                     drop(permit);
                     id
                 });
@@ -311,8 +338,8 @@ impl Dispatcher {
 
     /// Delivers one claimed event (scheduled attempt) to its instance's endpoint and
     /// records the result.
-    async fn deliver(&self, event: ClaimedEvent, endpoint: Arc<WebhookEndpoint>) {
-        if let Err(e) = self.deliver_inner(&event, endpoint).await {
+    async fn deliver(&self, event: ClaimedEvent, endpoint: Arc<WebhookEndpoint>, url: &CheckedUrl) {
+        if let Err(e) = self.deliver_inner(&event, endpoint, url).await {
             // The claim ends with its lease; the event is tried again then.
             error!(self.log, "recording a webhook attempt failed"; "event_id" => event.id, "error" => %e);
         }
@@ -322,15 +349,16 @@ impl Dispatcher {
         &self,
         event: &ClaimedEvent,
         endpoint: Arc<WebhookEndpoint>,
+        url: &CheckedUrl,
     ) -> Result<(), crate::store::StoreError> {
         let attempt_number = event.attempts + 1;
-        let result = post(
+        let result = post_checked(
             &self.client,
             &endpoint,
+            url,
             &event.event_type,
             &event_id(event.id),
             event.payload.as_bytes(),
-            self.allow_loopback,
         )
         .await;
         let now = now_ms();
