@@ -65,6 +65,18 @@ async fn outcome(cx: &TestContext, event_id: i64) -> String {
     }
 }
 
+/// The instance's logged attempts, newest first, once there are at least `n` (or at WAIT).
+async fn attempts_at_least(cx: &TestContext, n: usize) -> Vec<gateway_server::store::WebhookAttempt> {
+    let started = std::time::Instant::now();
+    loop {
+        let attempts = cx.store().recent_attempts(&cx.tenant.instance_id, 10).await.unwrap();
+        if attempts.len() >= n || started.elapsed() > WAIT {
+            return attempts;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn event_number(header: Option<&str>) -> i64 {
     header.unwrap().strip_prefix("evt_").unwrap().parse().unwrap()
 }
@@ -408,14 +420,7 @@ async fn a_destination_that_resolves_to_loopback_is_refused_without_the_developm
     let url = format!("https://localhost:{}/", receiver.port);
     cx.store().set_webhook(&cx.tenant.instance_id, &url, &["message.sent".into()], None).await.unwrap();
     send(&cx, "+14155550135").await;
-    let started = std::time::Instant::now();
-    let attempts = loop {
-        let attempts = cx.store().recent_attempts(&cx.tenant.instance_id, 10).await.unwrap();
-        if !attempts.is_empty() || started.elapsed() > WAIT {
-            break attempts;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let attempts = attempts_at_least(&cx, 1).await;
     assert_eq!(attempts[0].status_code, None);
     let error = attempts[0].error.as_deref().unwrap();
     assert!(error.contains("refused address"), "{error}");
@@ -425,14 +430,7 @@ async fn a_destination_that_resolves_to_loopback_is_refused_without_the_developm
     let url = format!("https://127.0.0.1:{}/", receiver.port);
     cx.store().set_webhook(&cx.tenant.instance_id, &url, &["message.sent".into()], None).await.unwrap();
     send(&cx, "+14155550136").await;
-    let started = std::time::Instant::now();
-    let attempts = loop {
-        let attempts = cx.store().recent_attempts(&cx.tenant.instance_id, 10).await.unwrap();
-        if attempts.len() >= 2 || started.elapsed() > WAIT {
-            break attempts;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let attempts = attempts_at_least(&cx, 2).await;
     let literal = attempts.iter().find(|a| a.url == url).expect("an attempt for the literal address");
     assert_eq!(literal.status_code, None);
     let error = literal.error.as_deref().unwrap();
