@@ -95,6 +95,12 @@ impl Outcome {
 /// issue 22).
 pub type CheckedUrl = Result<url::Url, ssrf::SsrfError>;
 
+/// An instance's endpoint as one claim delivers to it: read once, its URL checked once.
+struct Destination {
+    endpoint: WebhookEndpoint,
+    url: CheckedUrl,
+}
+
 /// Posts `body` to `endpoint` with the gateway's headers; never follows a redirect.
 pub async fn post(
     client: &reqwest::Client,
@@ -264,18 +270,19 @@ impl Dispatcher {
             }
             // Each instance's endpoint is read, and its URL checked, once per claim, for
             // all its events.
-            let mut endpoints: HashMap<String, Result<Option<Arc<WebhookEndpoint>>, ()>> = HashMap::new();
-            let mut urls: HashMap<String, Arc<CheckedUrl>> = HashMap::new();
+            let mut endpoints: HashMap<String, Result<Option<Arc<Destination>>, ()>> = HashMap::new();
             for instance in claimed.iter().filter_map(|e| e.instance_id.as_deref()) {
                 if !endpoints.contains_key(instance) {
-                    let endpoint = self.store.webhook(instance).await.map(|e| e.map(Arc::new)).map_err(|e| {
+                    let destination = self.store.webhook(instance).await.map_err(|e| {
                         error!(self.log, "reading a webhook endpoint failed"; "instance_id" => instance, "error" => %e);
                     });
-                    if let Ok(Some(endpoint)) = &endpoint {
-                        let url = guarded::check_url(&endpoint.url, self.allow_loopback);
-                        urls.insert(instance.to_string(), Arc::new(url));
-                    }
-                    endpoints.insert(instance.to_string(), endpoint);
+                    let destination = destination.map(|endpoint| {
+                        endpoint.map(|endpoint| {
+                            let url = guarded::check_url(&endpoint.url, self.allow_loopback);
+                            Arc::new(Destination { endpoint, url })
+                        })
+                    });
+                    endpoints.insert(instance.to_string(), destination);
                 }
             }
             // Events that need no delivery are done in one write for the whole claim,
@@ -288,23 +295,19 @@ impl Dispatcher {
                     // The claim ends with its lease; the event is tried again then.
                     Some(Err(())) => continue,
                 };
-                let endpoint = match target(endpoint, &event.event_type) {
-                    Ok(endpoint) => endpoint,
+                let destination = match target(endpoint, &event.event_type) {
+                    Ok(destination) => destination,
                     Err(outcome) => {
                         skipped.push((event.id, outcome));
                         continue;
                     }
-                };
-                let url = match event.instance_id.as_deref().and_then(|i| urls.get(i)) {
-                    Some(url) => url.clone(),
-                    None => Arc::new(guarded::check_url(&endpoint.url, self.allow_loopback)),
                 };
                 let permit = permits.clone().acquire_owned().await.expect("the semaphore is never closed");
                 running.insert(event.id);
                 let this = self.clone();
                 in_flight.spawn(async move {
                     let id = event.id;
-                    this.deliver(event, endpoint, &url).await;
+                    this.deliver(event, &destination).await;
                     drop(permit);
                     id
                 });
@@ -338,8 +341,8 @@ impl Dispatcher {
 
     /// Delivers one claimed event (scheduled attempt) to its instance's endpoint and
     /// records the result.
-    async fn deliver(&self, event: ClaimedEvent, endpoint: Arc<WebhookEndpoint>, url: &CheckedUrl) {
-        if let Err(e) = self.deliver_inner(&event, endpoint, url).await {
+    async fn deliver(&self, event: ClaimedEvent, destination: &Destination) {
+        if let Err(e) = self.deliver_inner(&event, destination).await {
             // The claim ends with its lease; the event is tried again then.
             error!(self.log, "recording a webhook attempt failed"; "event_id" => event.id, "error" => %e);
         }
@@ -348,19 +351,12 @@ impl Dispatcher {
     async fn deliver_inner(
         &self,
         event: &ClaimedEvent,
-        endpoint: Arc<WebhookEndpoint>,
-        url: &CheckedUrl,
+        Destination { endpoint, url }: &Destination,
     ) -> Result<(), crate::store::StoreError> {
         let attempt_number = event.attempts + 1;
-        let result = post_checked(
-            &self.client,
-            &endpoint,
-            url,
-            &event.event_type,
-            &event_id(event.id),
-            event.payload.as_bytes(),
-        )
-        .await;
+        let result =
+            post_checked(&self.client, endpoint, url, &event.event_type, &event_id(event.id), event.payload.as_bytes())
+                .await;
         let now = now_ms();
         let succeeded = result.succeeded();
         let outcome = match result.status {
@@ -405,19 +401,19 @@ impl Dispatcher {
         }
         debug!(self.log, "webhook attempt"; "event_id" => event.id, "status" => result.status,
                "succeeded" => succeeded, "latency_ms" => result.latency_ms);
-        let attempt = attempt_row(event, &endpoint, "scheduled", attempt_number, &result);
+        let attempt = attempt_row(event, endpoint, "scheduled", attempt_number, &result);
         self.store.finish_attempt(Some(event.id), Some(&attempt), state, change).await
     }
 }
 
 /// The endpoint an event goes to, or the outcome it is done with undelivered: no
 /// endpoint, a disabled one, or one that did not select the event's type.
-fn target(endpoint: Option<Arc<WebhookEndpoint>>, event_type: &str) -> Result<Arc<WebhookEndpoint>, &'static str> {
-    match endpoint {
+fn target(destination: Option<Arc<Destination>>, event_type: &str) -> Result<Arc<Destination>, &'static str> {
+    match destination {
         None => Err("skipped_no_endpoint"),
-        Some(e) if e.disabled_at.is_some() => Err("skipped_disabled"),
-        Some(e) if !e.wants(event_type) => Err("skipped_not_subscribed"),
-        Some(e) => Ok(e),
+        Some(d) if d.endpoint.disabled_at.is_some() => Err("skipped_disabled"),
+        Some(d) if !d.endpoint.wants(event_type) => Err("skipped_not_subscribed"),
+        Some(d) => Ok(d),
     }
 }
 
