@@ -75,8 +75,22 @@ async fn a_module_installed_in_the_store_runs_on_every_replica_and_rolls_back_on
         let body = expect_raw(send_via(&cx, base, phone).await, 403, "policy_violation");
         assert_eq!(body["details"]["policy"], "content@7.0.0", "{body}");
     }
-    // `policy list` sees both, each running the stored module.
-    let list = tools::list(cx.store()).await.unwrap();
+    // `policy list` sees both, each running the stored module. A replica reports what it
+    // runs to the store after it swapped the module in (the next turn of its reload
+    // loop), so the list may lag the replica's own status by that turn.
+    let reports_it = |list: &Value| {
+        list["gateways"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["modules"].as_array().unwrap().iter().any(|m| m["version"] == "7.0.0"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut list = tools::list(cx.store()).await.unwrap();
+    while !reports_it(&list) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        list = tools::list(cx.store()).await.unwrap();
+    }
     let gateways = list["gateways"].as_array().unwrap();
     assert_eq!(gateways.len(), 2, "{list}");
     for g in gateways {
