@@ -53,3 +53,88 @@ async fn two_owners_demoting_each_other_at_once_leave_one_owner() {
     assert_eq!(store.active_owner_count(customer).await.unwrap(), 1);
     cx.teardown().await;
 }
+
+/// The batch statements that name their rows in a JSON list find each row by its key,
+/// however few rows the tables hold. The planner guesses 100 rows for any set-returning
+/// function: written as joins, on PostgreSQL these read the whole message log and the
+/// whole outbox (hash joins) until the tables had some tens of thousands of rows, the
+/// first cost of a send there (BENCHMARKS.md, issue 22).
+#[tokio::test]
+async fn batch_statements_find_their_rows_by_key() {
+    use gateway_server::store::{Backend, keyed_statements as sql};
+    use sqlx::{Connection, Row};
+    let cx = TestContext::new("keyed_plans").await;
+    let mut conn = sqlx::AnyConnection::connect(&cx.config.database_url).await.unwrap();
+    let postgres = cx.store().backend() == Backend::Postgres;
+    // 3,000 rows in each: as many as a few seconds of sends leave.
+    let numbers = if postgres {
+        "SELECT n FROM generate_series(1, 3000) AS n"
+    } else {
+        "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < 3000) SELECT n FROM s"
+    };
+    let seed = [
+        format!(
+            "INSERT INTO message_log (customer_id, source, decision, status, created_at, recipient, policy_trace) \
+             SELECT '{}', 'api', 'allowed', 'sent', n, '+14155550100', 'a trace of some length' FROM ({numbers}) AS t",
+            cx.tenant.customer_id
+        ),
+        format!(
+            "INSERT INTO outbox (customer_id, event_type, payload, created_at, available_at) \
+             SELECT '{}', 'message.sent', '{{\"a\":\"payload of some length\"}}', n, n FROM ({numbers}) AS t",
+            cx.tenant.customer_id
+        ),
+    ];
+    for statement in seed {
+        sqlx::query(&statement).execute(&mut conn).await.unwrap();
+    }
+    let ids: Vec<i64> = (1..=12).collect();
+    let inputs = serde_json::to_string(
+        &ids.iter().map(|id| serde_json::json!({"log_id": id, "context": "{}"})).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let ids = serde_json::to_string(&ids).unwrap();
+    let plans: Vec<(&str, String)> = if postgres {
+        sqlx::query("ANALYZE message_log").execute(&mut conn).await.unwrap();
+        sqlx::query("ANALYZE outbox").execute(&mut conn).await.unwrap();
+        // The plan the gateway runs after five executions of a prepared statement.
+        sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await.unwrap();
+        let mut plans = Vec::new();
+        for (name, statement, args) in [
+            ("keep", sql::KEEP_BATCH_POSTGRES, format!("'{inputs}', 'erased'")),
+            ("skip", sql::SKIP_POSTGRES, format!("1, 'skipped_no_endpoint', '{ids}'")),
+        ] {
+            sqlx::query(&format!("PREPARE {name} AS {statement}")).execute(&mut conn).await.unwrap();
+            let rows = sqlx::query(&format!("EXPLAIN EXECUTE {name}({args})")).fetch_all(&mut conn).await.unwrap();
+            let plan: Vec<String> = rows.iter().map(|r| r.get::<String, _>(0)).collect();
+            plans.push((name, plan.join("\n")));
+        }
+        plans
+    } else {
+        let mut plans = Vec::new();
+        for (name, statement, args) in [
+            ("keep", sql::KEEP_SQL, vec!["5".to_string(), "'{}'".into(), "'erased'".into()]),
+            ("skip", sql::SKIP_SQLITE, vec!["1".into(), "'skipped_no_endpoint'".into(), format!("'{ids}'")]),
+        ] {
+            let mut text = statement.to_string();
+            for (i, arg) in args.iter().enumerate().rev() {
+                text = text.replace(&format!("${}", i + 1), arg);
+            }
+            let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {text}")).fetch_all(&mut conn).await.unwrap();
+            let plan: Vec<String> = rows.iter().map(|r| r.get::<String, _>("detail")).collect();
+            plans.push((name, plan.join("\n")));
+        }
+        plans
+    };
+    for (name, plan) in plans {
+        let table = if name == "keep" { "message_log" } else { "outbox" };
+        let keyed = if postgres {
+            !plan.contains("Seq Scan") && plan.contains(&format!("{table}_pkey"))
+        } else {
+            plan.contains(&format!("SEARCH {table} USING INTEGER PRIMARY KEY"))
+                && !plan.contains(&format!("SCAN {table}"))
+        };
+        assert!(keyed, "{name} must find its {table} rows by key:\n{plan}");
+    }
+    conn.close().await.unwrap();
+    cx.teardown().await;
+}

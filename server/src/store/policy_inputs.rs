@@ -54,14 +54,23 @@ pub struct PolicyInputQuery {
     pub limit: i64,
 }
 
-const KEEP_SQL: &str = "INSERT INTO policy_inputs (log_id, customer_id, created_at, context) \
+/// Keeps one input on SQLite: `$1` the log id, `$2` the context, `$3` the erased mark.
+pub const KEEP_SQL: &str = "INSERT INTO policy_inputs (log_id, customer_id, created_at, context) \
      SELECT id, customer_id, created_at, $2 FROM message_log WHERE id = $1 \
      AND (recipient IS NULL OR recipient <> $3) ON CONFLICT (log_id) DO NOTHING";
 
-/// The same for a whole batch on PostgreSQL, in one statement and one round trip.
-const KEEP_BATCH_POSTGRES: &str = "INSERT INTO policy_inputs (log_id, customer_id, created_at, context) \
+/// The same for a whole batch on PostgreSQL, in one statement and one round trip (`$1`
+/// a JSON list of `{log_id, context}`, `$2` the erased mark). Each input finds its row
+/// by the primary key: the `LIMIT 1` keeps the lookup a lateral subquery the planner
+/// cannot turn into a join. As a join, it counted the batch as 100 rows (any
+/// set-returning function's guess) and read the whole message log with a hash join
+/// while the log was under some tens of thousands of rows: the first cost of a
+/// PostgreSQL send (`BENCHMARKS.md`, issue 22).
+pub const KEEP_BATCH_POSTGRES: &str = "INSERT INTO policy_inputs (log_id, customer_id, created_at, context) \
      SELECT m.id, m.customer_id, m.created_at, i.context FROM jsonb_to_recordset($1::jsonb) AS i(log_id BIGINT, context TEXT) \
-     JOIN message_log m ON m.id = i.log_id WHERE m.recipient IS NULL OR m.recipient <> $2 ON CONFLICT (log_id) DO NOTHING";
+     CROSS JOIN LATERAL (SELECT id, customer_id, created_at FROM message_log \
+       WHERE id = i.log_id AND (recipient IS NULL OR recipient <> $2) LIMIT 1) m \
+     ON CONFLICT (log_id) DO NOTHING";
 
 impl Store {
     /// Keeps `(log id, context JSON)` pairs, in one write; the rows written. On SQLite

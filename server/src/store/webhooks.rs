@@ -522,10 +522,14 @@ fn finish_json(
 }
 
 /// Events done without an attempt (`Store::skip_events`); `$3` is a JSON array of ids.
-const SKIP_SQLITE: &str = "UPDATE outbox SET delivered_at = $1, outcome = $2, locked_until = NULL \
+/// On PostgreSQL the ids are one array the primary key is searched with: as `id IN
+/// (SELECT ...)` the planner guessed 100 ids and read the whole outbox with a hash semi
+/// join until the outbox was large (`BENCHMARKS.md`, issue 22). SQLite looks each up by
+/// its rowid either way.
+pub const SKIP_SQLITE: &str = "UPDATE outbox SET delivered_at = $1, outcome = $2, locked_until = NULL \
      WHERE id IN (SELECT value FROM json_each($3))";
-const SKIP_POSTGRES: &str = "UPDATE outbox SET delivered_at = $1, outcome = $2, locked_until = NULL \
-     WHERE id IN (SELECT jsonb_array_elements_text($3::jsonb)::bigint)";
+pub const SKIP_POSTGRES: &str = "UPDATE outbox SET delivered_at = $1, outcome = $2, locked_until = NULL \
+     WHERE id = ANY (ARRAY(SELECT jsonb_array_elements_text($3::jsonb)::bigint))";
 
 /// `skip_events`' statements: plain statements (`Exec`), in the delivery lane with the
 /// other outcomes of the dispatcher.
