@@ -138,3 +138,80 @@ async fn batch_statements_find_their_rows_by_key() {
     conn.close().await.unwrap();
     cx.teardown().await;
 }
+
+/// The counters a refused or failed send gives back are found by key, however few rows
+/// the counters' table holds. On PostgreSQL the batch functions give them back with
+/// `UPDATE ... FROM jsonb_array_elements(...)`, which the planner sized at 100 rows and
+/// joined by hashing, a sequential scan of the whole table, while it held some thousands
+/// of rows (migration 0016 plans those functions with nested loops only).
+#[tokio::test]
+async fn releases_find_their_counters_by_key() {
+    use gateway_server::store::{Backend, keyed_statements as sql};
+    use sqlx::{Connection, Row};
+    let cx = TestContext::new("keyed_release").await;
+    let mut conn = sqlx::AnyConnection::connect(&cx.config.database_url).await.unwrap();
+    if cx.store().backend() == Backend::Sqlite {
+        // The writer gives each counter back with a statement of its own.
+        let text = sql::RELEASE_SQL.replace("$1", "'day:x'").replace("$2", "0");
+        let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {text}")).fetch_all(&mut conn).await.unwrap();
+        let plan: Vec<String> = rows.iter().map(|r| r.get::<String, _>("detail")).collect();
+        assert!(
+            plan.iter()
+                .any(|p| p.starts_with("SEARCH usage_counters USING") && p.contains("scope=? AND window_start=?")),
+            "{plan:?}"
+        );
+    } else {
+        sqlx::query(
+            "INSERT INTO usage_counters (scope, window_start, count, expires_at, lim) \
+             SELECT 'rcpt:seed:' || n, 0, 1, 0, 100 FROM generate_series(1, 10000) AS n",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::query("ANALYZE usage_counters").execute(&mut conn).await.unwrap();
+        let r = serde_json::json!([
+            {"scope": "rcpt:seed:5", "window_start": 0, "expires_at": 0, "limit": 100},
+            {"scope": "rcpt:seed:6", "window_start": 0, "expires_at": 0, "limit": 100},
+        ]);
+        let log = serde_json::json!({"customer_id": cx.tenant.customer_id, "source": "api", "decision": "allowed",
+                                     "status": "pending", "created_at": 1});
+        let call = |ops: serde_json::Value| format!("SELECT gateway_send_ops('{ops}'::jsonb)::text AS a");
+        let before = sequential_scans(&mut conn, "usage_counters").await;
+        let begun = sqlx::query(&call(
+            serde_json::json!([{"op": "begin", "r": r, "log": log, "deadline_at": 1, "idem": null}]),
+        ))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .get::<String, _>("a");
+        let begun: serde_json::Value = serde_json::from_str(&begun).unwrap();
+        assert_eq!(begun[0]["counts"], serde_json::json!([2, 2]), "{begun}");
+        let finish = serde_json::json!([{"op": "finish", "id": begun[0]["id"], "status": "refused",
+                                         "decision": "refused", "release": r, "idem": null}]);
+        let finished = sqlx::query(&call(finish)).fetch_one(&mut conn).await.unwrap().get::<String, _>("a");
+        assert_eq!(finished, r#"[{"applied": true}]"#);
+        let counts: Vec<i64> = sqlx::query_scalar(
+            "SELECT count FROM usage_counters WHERE scope IN ('rcpt:seed:5', 'rcpt:seed:6') ORDER BY scope",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(counts, [1, 1], "both counters given back");
+        assert_eq!(sequential_scans(&mut conn, "usage_counters").await, before, "no counter was looked for by a scan");
+    }
+    conn.close().await.unwrap();
+    cx.teardown().await;
+}
+
+/// PostgreSQL's count of sequential scans of `table`, this session's included.
+async fn sequential_scans(conn: &mut sqlx::AnyConnection, table: &str) -> i64 {
+    // This session's counts are flushed when it is next idle (here, after this
+    // statement), and the view then read afresh.
+    sqlx::query("SELECT 1 AS one FROM (SELECT pg_stat_force_next_flush()) AS f").execute(&mut *conn).await.unwrap();
+    sqlx::query("SELECT 1 AS one FROM (SELECT pg_stat_clear_snapshot()) AS c").execute(&mut *conn).await.unwrap();
+    sqlx::query_scalar("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = $1")
+        .bind(table)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap()
+}

@@ -40,7 +40,8 @@ impl Store {
     }
 }
 
-const RELEASE_SQL: &str =
+/// Gives one counter back (`$1` its scope, `$2` its window).
+pub const RELEASE_SQL: &str =
     "UPDATE usage_counters SET count = count - 1 WHERE scope = $1 AND window_start = $2 AND count > 0";
 const COUNT_SQL: &str = "SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2";
 

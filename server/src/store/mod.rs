@@ -42,6 +42,7 @@ pub use writer::stats as write_stats;
 /// The statements whose rows are named in a parameter (a JSON list), for the test that
 /// checks each finds its rows by key, however few rows the tables hold.
 pub mod keyed_statements {
+    pub use super::counters::RELEASE_SQL;
     pub use super::policy_inputs::{KEEP_BATCH_POSTGRES, KEEP_SQL};
     pub use super::webhooks::{SKIP_POSTGRES, SKIP_SQLITE};
 }
