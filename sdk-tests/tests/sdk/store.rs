@@ -215,3 +215,51 @@ async fn sequential_scans(conn: &mut sqlx::AnyConnection, table: &str) -> i64 {
         .await
         .unwrap()
 }
+
+/// PostgreSQL drops the gateway's connections (a restart, an administrator's
+/// `pg_terminate_backend`) while they sit in the pool. The sends right after answer 200,
+/// or 503 `service_unavailable` with a time to retry where a write met a dropped
+/// connection (PostgreSQL had not applied it); never a 500, nothing is lost or sent
+/// twice, and the sends after those find new connections. The pools no longer ask every
+/// connection before handing it out (`store::pool_options`); a read that meets a dropped
+/// one is asked again. SQLite has no server connections to drop; there the test has
+/// nothing to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_after_the_database_dropped_the_connections_answer_200_or_503() {
+    use gateway_server::store::Backend;
+    use sqlx::{Connection, Row};
+    let cx = TestContext::new("dropped").await;
+    if cx.store().backend() == Backend::Postgres {
+        let send = |n: u32| {
+            serde_json::json!({"instance_id": "main", "phone": format!("+1415555{n:04}"),
+                               "message_purpose": "transactional", "message": "Your order has shipped."})
+        };
+        assert_eq!(cx.send_json(&send(1)).await.0, 200);
+        let mut conn = sqlx::AnyConnection::connect(&cx.config.database_url).await.unwrap();
+        let dropped = sqlx::query(
+            "SELECT count(*) AS n FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()) AS t",
+        )
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .get::<i64, _>("n");
+        assert!(dropped > 0, "the gateway's connections were dropped");
+        conn.close().await.unwrap();
+        let mut answers = Vec::new();
+        for n in 2..14 {
+            answers.push(cx.send_json(&send(n)).await);
+        }
+        for (status, body) in &answers {
+            let retry_later = *status == 503
+                && body["error"] == "service_unavailable"
+                && body["details"]["retry_after_seconds"].as_i64().is_some_and(|s| s >= 1);
+            assert!(*status == 200 || retry_later, "{status} {body}");
+        }
+        assert!(answers[8..].iter().all(|(status, _)| *status == 200), "new connections: {answers:?}");
+        let sent = answers.iter().filter(|(status, _)| *status == 200).count() + 1;
+        let log = cx.store().recent_log(&cx.tenant.customer_id, 100).await.unwrap();
+        assert_eq!(log.iter().filter(|(_, e)| e.status == "sent").count(), sent, "each 200 once, no other");
+    }
+    cx.teardown().await;
+}

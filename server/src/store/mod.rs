@@ -117,12 +117,29 @@ impl StoreError {
                 matches!(
                     e,
                     sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_)
-                ) || e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c == "5" || c == "6")
+                ) || e.as_database_error().and_then(|d| d.code()).is_some_and(|c| unavailable_code(&c))
             }
             StoreError::Sqlite(e) => is_sqlite_busy(e),
             _ => false,
         }
     }
+}
+
+/// A database's error code for "not now": SQLite's SQLITE_BUSY (5) and SQLITE_LOCKED
+/// (6) as sqlx names them; PostgreSQL's connection exceptions (class 08) and a server
+/// that ended the connection, crashed or is starting (57P01 to 57P03). PostgreSQL rolls
+/// back the open transaction of a connection it ends, and a send's own rows settle one
+/// that had committed (`Exactly once` in docs/architecture.md), so 503 is the answer:
+/// it was a 500 before.
+fn unavailable_code(code: &str) -> bool {
+    matches!(code, "5" | "6" | "57P01" | "57P02" | "57P03") || code.starts_with("08")
+}
+
+/// Whether a pooled read met a connection the database had dropped (it failed before
+/// the statement ran): asked again once, on another connection.
+fn dropped_connection(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Io(_))
+        || e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c.starts_with("08") || c.starts_with("57P0"))
 }
 
 /// SQLITE_BUSY or SQLITE_LOCKED: another process holds the file.
@@ -326,7 +343,7 @@ impl Store {
             Backend::Sqlite => {
                 let pragmas: &'static str = Box::leak(options.sqlite_pragmas().into_boxed_str());
                 let pool = || {
-                    AnyPoolOptions::new().acquire_timeout(options.timeout).after_connect(move |conn, _| {
+                    pool_options(options.timeout).after_connect(move |conn, _| {
                         Box::pin(async move {
                             conn.execute(pragmas).await?;
                             Ok(())
@@ -343,8 +360,7 @@ impl Store {
                 Ok(Store { read, write, backend, writer, sqlite_readers, cache, url, lease: Arc::default() })
             }
             Backend::Postgres => {
-                let pool =
-                    AnyPoolOptions::new().max_connections(max).acquire_timeout(options.timeout).connect(url).await?;
+                let pool = pool_options(options.timeout).max_connections(max).connect(url).await?;
                 let writer = writer::spawn_sqlx(pool.clone(), options.timeout, log).into();
                 let (cache, url) = (Arc::default(), url.into());
                 Ok(Store {
@@ -464,7 +480,12 @@ impl Store {
                 rows.next()?.map(|row| T::from_cols(&Named::new(row))).transpose()
             });
         }
-        let row = bind_all(sqlx::query(sql), params).fetch_optional(&self.read).await?;
+        // A read changes nothing, so one that met a connection the database dropped while
+        // it sat idle (a restart) is asked again: see `pool_options`.
+        let row = match bind_all(sqlx::query(sql), params.clone()).fetch_optional(&self.read).await {
+            Err(e) if dropped_connection(&e) => bind_all(sqlx::query(sql), params).fetch_optional(&self.read).await?,
+            row => row?,
+        };
         row.as_ref().map(T::from_cols).transpose()
     }
 
@@ -482,6 +503,30 @@ impl Store {
         self.write.close().await;
         self.read.close().await;
     }
+}
+
+/// How long a pooled connection may have been idle and still be handed out without
+/// asking the database first (see `pool_options`).
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// The pools' options. sqlx asks the database (a `ping`, one round trip) before it hands
+/// out a pooled connection, and again when the connection is given back: the two were
+/// 19.6 % of the gateway's CPU under send load on PostgreSQL (BENCHMARKS.md, issue 22).
+/// The check on the way back stays (sqlx has no switch for it); before one is handed out
+/// a connection is asked only when it has been idle `PING_AFTER_IDLE` or longer. What
+/// that gives up: a connection the database dropped less than a second after it was
+/// last used (a restart under load) now fails the statement that meets it. A read is
+/// then asked again (`read_one`); a write answers 503, try again
+/// (`sends_after_the_database_dropped_the_connections_answer_200_or_503`).
+fn pool_options(timeout: Duration) -> AnyPoolOptions {
+    AnyPoolOptions::new().acquire_timeout(timeout).test_before_acquire(false).before_acquire(|conn, meta| {
+        Box::pin(async move {
+            if meta.idle_for >= PING_AFTER_IDLE {
+                sqlx::Connection::ping(conn).await?;
+            }
+            Ok(true)
+        })
+    })
 }
 
 /// Takes the exclusive lock of `{database}-migrate.lock` (blocking, off the async
