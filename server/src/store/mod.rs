@@ -39,8 +39,8 @@ mod rows;
 mod webhooks;
 mod writer;
 pub use writer::stats as write_stats;
-/// The statements whose rows are named in a parameter (a JSON list), for the test that
-/// checks each finds its rows by key, however few rows the tables hold.
+/// Statements whose plans the tests check: each must find its rows by key, however few
+/// rows the tables hold (the batch ones name their rows in a JSON list).
 pub mod keyed_statements {
     pub use super::counters::RELEASE_SQL;
     pub use super::policy_inputs::{KEEP_BATCH_POSTGRES, KEEP_SQL};
@@ -135,8 +135,8 @@ fn unavailable_code(code: &str) -> bool {
     matches!(code, "5" | "6" | "57P01" | "57P02" | "57P03") || code.starts_with("08")
 }
 
-/// Whether a pooled read met a connection the database had dropped (it failed before
-/// the statement ran): asked again once, on another connection.
+/// Whether a pooled read met a connection the database had dropped (or lost): the read
+/// changes nothing, so it is asked again once, on another connection.
 fn dropped_connection(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Io(_))
         || e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c.starts_with("08") || c.starts_with("57P0"))
