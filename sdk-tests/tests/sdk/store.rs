@@ -218,12 +218,11 @@ async fn sequential_scans(conn: &mut sqlx::AnyConnection, table: &str) -> i64 {
 
 /// PostgreSQL drops the gateway's connections (a restart, an administrator's
 /// `pg_terminate_backend`) while they sit in the pool. The sends right after answer 200,
-/// or 503 `service_unavailable` with a time to retry where a write met a dropped
-/// connection (PostgreSQL had not applied it); never a 500, nothing is lost or sent
-/// twice, and the sends after those find new connections. The pools no longer ask every
-/// connection before handing it out (`store::pool_options`); a read that meets a dropped
-/// one is asked again. SQLite has no server connections to drop; there the test has
-/// nothing to do.
+/// or at worst 503 `service_unavailable` with a time to retry; never a 500, nothing is
+/// lost or sent twice, and the sends after find new connections. The pools no longer ask
+/// every connection before handing it out (`store::pool_options`): a read that meets a
+/// dropped one is asked again, and the writer asks its connection before each batch.
+/// SQLite has no server connections to drop; there the test has nothing to do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sends_after_the_database_dropped_the_connections_answer_200_or_503() {
     use gateway_server::store::Backend;

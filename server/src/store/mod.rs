@@ -136,7 +136,7 @@ fn unavailable_code(code: &str) -> bool {
 }
 
 /// Whether a pooled read met a connection the database had dropped (or lost): the read
-/// changes nothing, so it is asked again once, on another connection.
+/// changes nothing, so it is asked again on another connection.
 fn dropped_connection(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Io(_))
         || e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c.starts_with("08") || c.starts_with("57P0"))
@@ -481,12 +481,15 @@ impl Store {
             });
         }
         // A read changes nothing, so one that met a connection the database dropped while
-        // it sat idle (a restart) is asked again: see `pool_options`.
-        let row = match bind_all(sqlx::query(sql), params.clone()).fetch_optional(&self.read).await {
-            Err(e) if dropped_connection(&e) => bind_all(sqlx::query(sql), params).fetch_optional(&self.read).await?,
-            row => row?,
-        };
-        row.as_ref().map(T::from_cols).transpose()
+        // it sat idle (a restart) is asked again, as often as the pool has connections
+        // (each try passes over one dropped connection): see `pool_options`.
+        let mut tries = self.read.options().get_max_connections();
+        loop {
+            match bind_all(sqlx::query(sql), params.clone()).fetch_optional(&self.read).await {
+                Err(e) if tries > 0 && dropped_connection(&e) => tries -= 1,
+                row => return row?.as_ref().map(T::from_cols).transpose(),
+            }
+        }
     }
 
     /// Queues a write for the group-commit writer and waits for its result.
@@ -516,7 +519,9 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// a connection is asked only when it has been idle `PING_AFTER_IDLE` or longer. What
 /// that gives up: a connection the database dropped less than a second after it was
 /// last used (a restart under load) now fails the statement that meets it. A read is
-/// then asked again (`read_one`); a write answers 503, try again
+/// then asked again (`read_one`); the writer asks its connection before every batch
+/// (`writer::live_connection`); other writes (a dashboard's, the kept policy inputs)
+/// answer 503 or are retried by their loop
 /// (`sends_after_the_database_dropped_the_connections_answer_200_or_503`).
 fn pool_options(timeout: Duration) -> AnyPoolOptions {
     AnyPoolOptions::new().acquire_timeout(timeout).test_before_acquire(false).before_acquire(|conn, meta| {

@@ -400,7 +400,14 @@ async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued]) -> Result<(), StoreErr
     }
     // A single call is its own transaction: one round trip. Anything more needs one.
     let explicit = forms.iter().any(|f| matches!(f, Postgres::Statements(_))) || batch.iter().any(|u| u.has_then());
-    let mut tx = if explicit { Some(pool.begin().await?) } else { None };
+    let mut conn = Some(live_connection(pool).await?);
+    let mut tx = match conn.take() {
+        Some(c) if explicit => Some(sqlx::Transaction::begin(c, None).await?),
+        c => {
+            conn = c;
+            None
+        }
+    };
     let mut answers: Vec<Vec<serde_json::Value>> = Vec::with_capacity(calls.len());
     if !calls.is_empty() {
         let columns: Vec<String> =
@@ -410,9 +417,10 @@ async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued]) -> Result<(), StoreErr
         for (_, args) in &calls {
             query = query.bind(serde_json::Value::Array(args.clone()).to_string());
         }
-        let row = match tx.as_mut() {
-            Some(tx) => query.fetch_one(&mut **tx).await?,
-            None => query.fetch_one(pool).await?,
+        let row = match (tx.as_mut(), conn.as_mut()) {
+            (Some(tx), _) => query.fetch_one(&mut **tx).await?,
+            (None, Some(conn)) => query.fetch_one(&mut **conn).await?,
+            (None, None) => unreachable!("the batch holds its connection or its transaction"),
         };
         for i in 0..calls.len() {
             let text: String = row.try_get(i)?;
@@ -450,6 +458,28 @@ async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued]) -> Result<(), StoreErr
         tx.commit().await?;
     }
     Ok(())
+}
+
+/// A pooled connection for a batch, asked first (a `ping`). The pools hand out a
+/// connection used within the last second unasked (`super::pool_options`), and a read
+/// that meets one the server dropped is simply asked again; a write cannot be: the
+/// server may end a connection after a commit and before its answer. So the writer asks
+/// before every batch (one round trip a batch, shared by its writes) and passes over a
+/// dropped connection: a database restart costs the writer's batches time, not a 503.
+async fn live_connection(pool: &AnyPool) -> Result<sqlx::pool::PoolConnection<sqlx::Any>, StoreError> {
+    let mut last = None;
+    // Every connection the pool holds may have been dropped at once (a restart).
+    for _ in 0..=pool.options().get_max_connections() {
+        let mut conn = pool.acquire().await?;
+        match sqlx::Connection::ping(&mut *conn).await {
+            Ok(()) => return Ok(conn),
+            Err(e) => {
+                conn.close_on_drop();
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.map_or(StoreError::Unavailable("no live connection".into()), StoreError::from))
 }
 
 #[cfg(test)]
