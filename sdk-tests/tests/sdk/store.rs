@@ -197,6 +197,19 @@ async fn releases_find_their_counters_by_key() {
         .await
         .unwrap();
         assert_eq!(counts, [1, 1], "both counters given back");
+        // The older batch function gives counters back the same way (its `release`).
+        let release = serde_json::json!([{"op": "release", "r": r}]);
+        sqlx::query(&format!("SELECT gateway_write_batch('{release}'::jsonb)::text AS a"))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        let counts: Vec<i64> = sqlx::query_scalar(
+            "SELECT count FROM usage_counters WHERE scope IN ('rcpt:seed:5', 'rcpt:seed:6') ORDER BY scope",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(counts, [0, 0], "given back by gateway_write_batch too");
         assert_eq!(sequential_scans(&mut conn, "usage_counters").await, before, "no counter was looked for by a scan");
     }
     conn.close().await.unwrap();

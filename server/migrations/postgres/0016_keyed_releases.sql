@@ -11,7 +11,8 @@
 -- its own would be saved and restored at every begin).
 --
 -- A function replaced later (CREATE OR REPLACE) loses these settings unless it repeats
--- them: the test `store::releases_find_their_counters_by_key` fails if it does not.
+-- them: the test `store::releases_find_their_counters_by_key` gives counters back through
+-- both functions and fails if either scans the table.
 ALTER FUNCTION gateway_send_ops(jsonb) SET enable_hashjoin = off;
 ALTER FUNCTION gateway_send_ops(jsonb) SET enable_mergejoin = off;
 ALTER FUNCTION gateway_write_batch(jsonb) SET enable_hashjoin = off;

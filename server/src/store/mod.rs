@@ -126,20 +126,25 @@ impl StoreError {
 }
 
 /// A database's error code for "not now": SQLite's SQLITE_BUSY (5) and SQLITE_LOCKED
-/// (6) as sqlx names them; PostgreSQL's connection exceptions (class 08) and a server
-/// that ended the connection, crashed or is starting (57P01 to 57P03). PostgreSQL rolls
-/// back the open transaction of a connection it ends, and a send's own rows settle one
-/// that had committed (`Exactly once` in docs/architecture.md), so 503 is the answer:
-/// it was a 500 before.
+/// (6) as sqlx names them, or a PostgreSQL connection lost. PostgreSQL rolls back the
+/// open transaction of a connection it ends, and a send's own rows settle one that had
+/// committed (`Exactly once` in docs/architecture.md), so 503 is the answer: it was a
+/// 500 before.
 fn unavailable_code(code: &str) -> bool {
-    matches!(code, "5" | "6" | "57P01" | "57P02" | "57P03") || code.starts_with("08")
+    matches!(code, "5" | "6") || connection_lost_code(code)
 }
 
-/// Whether a pooled read met a connection the database had dropped (or lost): the read
-/// changes nothing, so it is asked again on another connection.
+/// PostgreSQL's codes for a connection it ended or cannot keep: connection exceptions
+/// (class 08) and a server that ended the connection, crashed or is starting (57P01 to
+/// 57P03).
+fn connection_lost_code(code: &str) -> bool {
+    code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+}
+
+/// Whether a pooled statement met a connection the database had dropped (or lost).
 fn dropped_connection(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Io(_))
-        || e.as_database_error().and_then(|d| d.code()).is_some_and(|c| c.starts_with("08") || c.starts_with("57P0"))
+        || e.as_database_error().and_then(|d| d.code()).is_some_and(|c| connection_lost_code(&c))
 }
 
 /// SQLITE_BUSY or SQLITE_LOCKED: another process holds the file.

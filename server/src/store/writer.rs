@@ -400,13 +400,10 @@ async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued]) -> Result<(), StoreErr
     }
     // A single call is its own transaction: one round trip. Anything more needs one.
     let explicit = forms.iter().any(|f| matches!(f, Postgres::Statements(_))) || batch.iter().any(|u| u.has_then());
-    let mut conn = Some(live_connection(pool).await?);
-    let mut tx = match conn.take() {
-        Some(c) if explicit => Some(sqlx::Transaction::begin(c, None).await?),
-        c => {
-            conn = c;
-            None
-        }
+    // The batch's connection, or its transaction on that connection.
+    let (mut conn, mut tx) = match live_connection(pool).await? {
+        conn if explicit => (None, Some(sqlx::Transaction::begin(conn, None).await?)),
+        conn => (Some(conn), None),
     };
     let mut answers: Vec<Vec<serde_json::Value>> = Vec::with_capacity(calls.len());
     if !calls.is_empty() {
@@ -467,19 +464,21 @@ async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued]) -> Result<(), StoreErr
 /// before every batch (one round trip a batch, shared by its writes) and passes over a
 /// dropped connection: a database restart costs the writer's batches time, not a 503.
 async fn live_connection(pool: &AnyPool) -> Result<sqlx::pool::PoolConnection<sqlx::Any>, StoreError> {
-    let mut last = None;
     // Every connection the pool holds may have been dropped at once (a restart).
-    for _ in 0..=pool.options().get_max_connections() {
+    let mut tries = pool.options().get_max_connections();
+    loop {
         let mut conn = pool.acquire().await?;
         match sqlx::Connection::ping(&mut *conn).await {
             Ok(()) => return Ok(conn),
             Err(e) => {
                 conn.close_on_drop();
-                last = Some(e);
+                if tries == 0 {
+                    return Err(e.into());
+                }
+                tries -= 1;
             }
         }
     }
-    Err(last.map_or(StoreError::Unavailable("no live connection".into()), StoreError::from))
 }
 
 #[cfg(test)]
