@@ -190,30 +190,26 @@ async fn releases_find_their_counters_by_key() {
                                          "decision": "refused", "release": r, "idem": null}]);
         let finished = sqlx::query(&call(finish)).fetch_one(&mut conn).await.unwrap().get::<String, _>("a");
         assert_eq!(finished, r#"[{"applied": true}]"#);
-        let counts: Vec<i64> = sqlx::query_scalar(
-            "SELECT count FROM usage_counters WHERE scope IN ('rcpt:seed:5', 'rcpt:seed:6') ORDER BY scope",
-        )
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
-        assert_eq!(counts, [1, 1], "both counters given back");
+        assert_eq!(seed_counts(&mut conn).await, [1, 1], "both counters given back");
         // The older batch function gives counters back the same way (its `release`).
         let release = serde_json::json!([{"op": "release", "r": r}]);
         sqlx::query(&format!("SELECT gateway_write_batch('{release}'::jsonb)::text AS a"))
             .fetch_one(&mut conn)
             .await
             .unwrap();
-        let counts: Vec<i64> = sqlx::query_scalar(
-            "SELECT count FROM usage_counters WHERE scope IN ('rcpt:seed:5', 'rcpt:seed:6') ORDER BY scope",
-        )
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
-        assert_eq!(counts, [0, 0], "given back by gateway_write_batch too");
+        assert_eq!(seed_counts(&mut conn).await, [0, 0], "given back by gateway_write_batch too");
         assert_eq!(sequential_scans(&mut conn, "usage_counters").await, before, "no counter was looked for by a scan");
     }
     conn.close().await.unwrap();
     cx.teardown().await;
+}
+
+/// The two counters `releases_find_their_counters_by_key` gives back.
+async fn seed_counts(conn: &mut sqlx::AnyConnection) -> Vec<i64> {
+    sqlx::query_scalar("SELECT count FROM usage_counters WHERE scope IN ('rcpt:seed:5', 'rcpt:seed:6') ORDER BY scope")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap()
 }
 
 /// PostgreSQL's count of sequential scans of `table`, this session's included.
