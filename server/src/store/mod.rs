@@ -524,10 +524,10 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// a connection is asked only when it has been idle `PING_AFTER_IDLE` or longer. What
 /// that gives up: a connection the database dropped less than a second after it was
 /// last used (a restart under load) now fails the statement that meets it. A read is
-/// then asked again (`read_one`); the writer asks its connection before every batch
-/// (`writer::live_connection`); other writes (a dashboard's, the kept policy inputs)
-/// answer 503 or are retried by their loop
-/// (`sends_after_the_database_dropped_the_connections_answer_200_or_503`).
+/// then asked again (`read_one`); the writer's batch is run again unless its receipt
+/// says it committed (`writer::run_batch`); other writes (a dashboard's, the kept policy
+/// inputs) answer 503 or are retried by their loop
+/// (`sends_after_the_database_dropped_the_connections_answer_200`).
 fn pool_options(timeout: Duration) -> AnyPoolOptions {
     AnyPoolOptions::new().acquire_timeout(timeout).test_before_acquire(false).before_acquire(|conn, meta| {
         Box::pin(async move {
