@@ -44,6 +44,7 @@
 
 use super::{StoreError, bind_dollar};
 use rusqlite::types::Value as SqlValue;
+use sqlx::pool::PoolConnection;
 use sqlx::{AnyPool, Row};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -331,8 +332,18 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result
 /// order); each ends when its senders are dropped.
 pub(super) fn spawn_sqlx(pool: AnyPool, timeout: Duration, log: Option<slog::Logger>) -> Vec<mpsc::Sender<Queued>> {
     let process = uuid::Uuid::new_v4().simple().to_string();
-    (0..lane::COUNT).map(|n| spawn_lane(pool.clone(), Receipts::new(&process, n), timeout, log.clone())).collect()
+    let hold = pool.options().get_max_connections() as usize >= HOLD_FROM;
+    (0..lane::COUNT).map(|n| spawn_lane(pool.clone(), Receipts::new(&process, n), hold, timeout, log.clone())).collect()
 }
+
+/// The smallest pool in which each lane keeps a connection of its own from batch to
+/// batch (half of it at most, the rest for reads and everything else); in a smaller
+/// one a lane takes a connection for each batch and gives it back. Kept, a connection
+/// costs a batch no wait for the pool and no round trip when it is given back (sqlx
+/// asks every connection it is given back): PostgreSQL sends 1.05 to 1.27x, and the
+/// batches at 1,000 sends a second 564 to 1,044 µs against 838 to 1,024 (BENCHMARKS.md,
+/// issue 22).
+const HOLD_FROM: usize = 2 * lane::COUNT;
 
 /// One lane of the PostgreSQL writer. A batch the database does not answer within
 /// `timeout` fails as a whole (its connection is dropped with it): the writer never
@@ -340,18 +351,36 @@ pub(super) fn spawn_sqlx(pool: AnyPool, timeout: Duration, log: Option<slog::Log
 fn spawn_lane(
     pool: AnyPool,
     mut receipts: Receipts,
+    hold: bool,
     timeout: Duration,
     log: Option<slog::Logger>,
 ) -> mpsc::Sender<Queued> {
     let (tx, mut rx) = mpsc::channel::<Queued>(4 * MAX_BATCH);
     tokio::spawn(async move {
         receipts.forget_old(&pool).await;
+        // The lane's connection, kept from batch to batch if `hold` (given back to the
+        // pool after an error or a timeout, when its state is unknown, and when the pool
+        // closes: closing waits for every connection to come back).
+        let mut held = None;
+        let mut closed = std::pin::pin!(pool.close_event());
+        let mut open = true;
         let mut batch = Vec::with_capacity(MAX_BATCH);
-        while let Some(first) = rx.recv().await {
+        loop {
+            let first = tokio::select! {
+                first = rx.recv() => match first {
+                    Some(first) => first,
+                    None => break,
+                },
+                () = &mut closed, if open => {
+                    open = false;
+                    held = None;
+                    continue;
+                }
+            };
             batch.push(first);
             fill(&mut rx, &mut batch);
             let started = std::time::Instant::now();
-            let outcome = timed(timeout, run_batch(&pool, &mut batch, &mut receipts, &log)).await;
+            let outcome = timed(timeout, run_batch(&pool, &mut held, &mut batch, &mut receipts, &log)).await;
             log_batch(&log, batch.len(), outcome.is_ok(), started);
             match outcome {
                 Ok(()) => batch.drain(..).for_each(|unit| unit.reply(None)),
@@ -361,12 +390,17 @@ fn spawn_lane(
                 }
                 Err(_) => {
                     for mut unit in batch.drain(..) {
-                        let alone =
-                            timed(timeout, run_batch(&pool, std::slice::from_mut(&mut unit), &mut receipts, &log))
-                                .await;
+                        let alone = timed(
+                            timeout,
+                            run_batch(&pool, &mut held, std::slice::from_mut(&mut unit), &mut receipts, &log),
+                        )
+                        .await;
                         unit.reply(alone.err());
                     }
                 }
+            }
+            if !hold {
+                held = None;
             }
         }
     });
@@ -455,6 +489,7 @@ impl Receipts {
 /// issue 22).
 async fn run_batch(
     pool: &AnyPool,
+    held: &mut Option<PoolConnection<sqlx::Any>>,
     batch: &mut [Queued],
     receipts: &mut Receipts,
     log: &Option<slog::Logger>,
@@ -462,8 +497,18 @@ async fn run_batch(
     let mut tries = pool.options().get_max_connections();
     loop {
         let token = receipts.next();
-        match sqlx_batch(pool, batch, &receipts.writer, token).await {
+        let mut conn = match held.take() {
+            Some(conn) => conn,
+            None => pool.acquire().await?,
+        };
+        match sqlx_batch(&mut conn, batch, &receipts.writer, token).await {
+            Ok(()) => {
+                *held = Some(conn);
+                return Ok(());
+            }
             Err(StoreError::Database(e)) if tries > 0 && super::dropped_connection(&e) => {
+                conn.close_on_drop();
+                drop(conn);
                 tries -= 1;
                 let committed = receipts.fence(pool, token).await?;
                 if let Some(log) = log {
@@ -474,7 +519,8 @@ async fn run_batch(
                     return Err(StoreError::Unavailable(format!("{e} (after the batch committed)")));
                 }
             }
-            outcome => return outcome,
+            // The connection goes back to the pool, which makes it ready for others.
+            Err(e) => return Err(e),
         }
     }
 }
@@ -493,7 +539,12 @@ async fn timed(
 /// `token`) and calls each batch function with the array of its writes (each function
 /// applies them in order and answers an array in the same order), then the statement
 /// writes, in one transaction.
-async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued], writer: &str, token: i64) -> Result<(), StoreError> {
+async fn sqlx_batch(
+    conn: &mut sqlx::AnyConnection,
+    batch: &mut [Queued],
+    writer: &str,
+    token: i64,
+) -> Result<(), StoreError> {
     let mut forms: Vec<Postgres> = batch.iter().map(|unit| unit.postgres()).collect();
     // Each function once, with its writes in batch order; where each write's answer is.
     let mut calls: Vec<(&'static str, Vec<serde_json::Value>)> = Vec::new();
@@ -516,11 +567,27 @@ async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued], writer: &str, token: i
     }
     // A single call is its own transaction: one round trip. Anything more needs one.
     let explicit = forms.iter().any(|f| matches!(f, Postgres::Statements(_))) || batch.iter().any(|u| u.has_then());
-    // The batch's connection, or its transaction on that connection.
-    let (mut conn, mut tx) = match pool.acquire().await? {
-        conn if explicit => (None, Some(sqlx::Transaction::begin(conn, None).await?)),
-        conn => (Some(conn), None),
-    };
+    if explicit {
+        let mut tx: sqlx::Transaction<'_, sqlx::Any> = sqlx::Transaction::begin(conn, None).await?;
+        apply(&mut tx, batch, forms, calls, places, writer, token).await?;
+        tx.commit().await?;
+        Ok(())
+    } else {
+        apply(conn, batch, forms, calls, places, writer, token).await
+    }
+}
+
+/// The batch's statements on `conn` (its transaction, when it has statements of its own):
+/// the receipt and the calls in one statement, then each write's statements.
+async fn apply(
+    conn: &mut sqlx::AnyConnection,
+    batch: &mut [Queued],
+    forms: Vec<Postgres>,
+    calls: Vec<(&'static str, Vec<serde_json::Value>)>,
+    places: Vec<Option<(usize, usize)>>,
+    writer: &str,
+    token: i64,
+) -> Result<(), StoreError> {
     let mut columns: Vec<String> =
         calls.iter().enumerate().map(|(i, (f, _))| format!("{f}(${}::jsonb)::text AS a{i}", i + 4)).collect();
     if columns.is_empty() {
@@ -531,12 +598,10 @@ async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued], writer: &str, token: i
     for (_, args) in &calls {
         query = query.bind(serde_json::to_string(args).map_err(|e| StoreError::Conflict(e.to_string()))?);
     }
-    let row = match (tx.as_mut(), conn.as_mut()) {
-        (Some(tx), _) => query.fetch_optional(&mut **tx).await?,
-        (None, Some(conn)) => query.fetch_optional(&mut **conn).await?,
-        (None, None) => unreachable!("the batch holds its connection or its transaction"),
-    }
-    .ok_or_else(|| StoreError::Conflict(format!("write batch {token} of {writer} was fenced off")))?;
+    let row = query
+        .fetch_optional(&mut *conn)
+        .await?
+        .ok_or_else(|| StoreError::Conflict(format!("write batch {token} of {writer} was fenced off")))?;
     let mut answers: Vec<Vec<serde_json::Value>> = Vec::with_capacity(calls.len());
     for i in 0..calls.len() {
         let text: String = row.try_get(i)?;
@@ -548,16 +613,15 @@ async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued], writer: &str, token: i
         let answer = match (form, place) {
             (Postgres::Call { .. }, Some((f, i))) => PgAnswer::Value(
                 answers[f]
-                    .get(i)
-                    .cloned()
+                    .get_mut(i)
+                    .map(std::mem::take)
                     .ok_or_else(|| StoreError::Conflict("write batch answered fewer writes".into()))?,
             ),
             (Postgres::Statements(statements), _) => {
-                let tx = tx.as_mut().ok_or_else(|| StoreError::Conflict("no transaction for a write".into()))?;
                 let mut rows = Vec::with_capacity(statements.len());
                 for st in statements {
                     rows.push(
-                        super::bind_all(sqlx::query(st.sql), st.params).execute(&mut **tx).await?.rows_affected(),
+                        super::bind_all(sqlx::query(st.sql), st.params).execute(&mut *conn).await?.rows_affected(),
                     );
                 }
                 PgAnswer::Rows(rows)
@@ -565,12 +629,8 @@ async fn sqlx_batch(pool: &AnyPool, batch: &mut [Queued], writer: &str, token: i
             (Postgres::Call { .. }, None) => unreachable!("every call has its place"),
         };
         for st in unit.read_postgres(answer)? {
-            let tx = tx.as_mut().ok_or_else(|| StoreError::Conflict("no transaction for a write".into()))?;
-            super::bind_all(sqlx::query(st.sql), st.params).execute(&mut **tx).await?;
+            super::bind_all(sqlx::query(st.sql), st.params).execute(&mut *conn).await?;
         }
-    }
-    if let Some(tx) = tx {
-        tx.commit().await?;
     }
     Ok(())
 }
@@ -671,14 +731,14 @@ mod tests {
         let mut receipts = Receipts::new("test", 0);
 
         // Committed: the receipt holds its token.
-        run_batch(&pool, &mut vec![probe(1)], &mut receipts, &None).await.unwrap();
+        run_batch(&pool, &mut None, &mut vec![probe(1)], &mut receipts, &None).await.unwrap();
         let last = receipts.token;
         assert!(receipts.fence(&pool, last).await.unwrap(), "the batch committed");
 
         // Never arrived: fenced off, and when it arrives late it writes nothing.
         let lost = receipts.next();
         assert!(!receipts.fence(&pool, lost).await.unwrap(), "the lost batch did not commit");
-        let late = sqlx_batch(&pool, &mut [probe(2)], &receipts.writer, lost).await;
+        let late = sqlx_batch(&mut *pool.acquire().await.unwrap(), &mut [probe(2)], &receipts.writer, lost).await;
         assert!(matches!(late, Err(StoreError::Conflict(_))), "{late:?}");
         assert_eq!(probes(&pool).await, [1]);
 
@@ -710,7 +770,7 @@ mod tests {
         assert_eq!(probes(&pool).await, [1, 3]);
 
         // And the lane goes on.
-        run_batch(&pool, &mut vec![probe(5)], &mut receipts, &None).await.unwrap();
+        run_batch(&pool, &mut None, &mut vec![probe(5)], &mut receipts, &None).await.unwrap();
         assert_eq!(probes(&pool).await, [1, 3, 5]);
 
         // The server ends every connection while they sit in the pool (a restart): the
@@ -730,7 +790,7 @@ mod tests {
         .unwrap()
         .get::<i64, _>("n");
         assert!(ended >= 1 && idle >= 1, "{ended} connections ended, {idle} idle");
-        run_batch(&pool, &mut vec![probe(6)], &mut receipts, &None).await.unwrap();
+        run_batch(&pool, &mut None, &mut vec![probe(6)], &mut receipts, &None).await.unwrap();
         assert_eq!(probes(&pool).await, [1, 3, 5, 6]);
         drop(pool);
         drop_database(store, &admin, &db).await;
