@@ -28,7 +28,9 @@
 //! `gateway_send_ops`: migrations 0002 to 0008) with its array: one round trip and one
 //! commit per batch, where a statement per write cost a round trip each and kept the
 //! writer busy (measured in BENCHMARKS.md). Writes that are plain statements run after
-//! it in the same transaction.
+//! it in the same transaction. Each batch's statement also writes its lane's receipt,
+//! so that a batch whose connection was lost can be told committed or not, and run
+//! again if not (`Receipts`, `run_batch`).
 //!
 //! PostgreSQL runs concurrent transactions, so its writer is several lanes, each a
 //! task with its own queue and its own batch in flight: the main lane takes every write
@@ -731,14 +733,14 @@ mod tests {
         let mut receipts = Receipts::new("test", 0);
 
         // Committed: the receipt holds its token.
-        run_batch(&pool, &mut None, &mut vec![probe(1)], &mut receipts, &None).await.unwrap();
+        run_batch(&pool, &mut None, &mut [probe(1)], &mut receipts, &None).await.unwrap();
         let last = receipts.token;
         assert!(receipts.fence(&pool, last).await.unwrap(), "the batch committed");
 
         // Never arrived: fenced off, and when it arrives late it writes nothing.
         let lost = receipts.next();
         assert!(!receipts.fence(&pool, lost).await.unwrap(), "the lost batch did not commit");
-        let late = sqlx_batch(&mut *pool.acquire().await.unwrap(), &mut [probe(2)], &receipts.writer, lost).await;
+        let late = sqlx_batch(&mut pool.acquire().await.unwrap(), &mut [probe(2)], &receipts.writer, lost).await;
         assert!(matches!(late, Err(StoreError::Conflict(_))), "{late:?}");
         assert_eq!(probes(&pool).await, [1]);
 
@@ -770,7 +772,7 @@ mod tests {
         assert_eq!(probes(&pool).await, [1, 3]);
 
         // And the lane goes on.
-        run_batch(&pool, &mut None, &mut vec![probe(5)], &mut receipts, &None).await.unwrap();
+        run_batch(&pool, &mut None, &mut [probe(5)], &mut receipts, &None).await.unwrap();
         assert_eq!(probes(&pool).await, [1, 3, 5]);
 
         // The server ends every connection while they sit in the pool (a restart): the
@@ -790,7 +792,7 @@ mod tests {
         .unwrap()
         .get::<i64, _>("n");
         assert!(ended >= 1 && idle >= 1, "{ended} connections ended, {idle} idle");
-        run_batch(&pool, &mut None, &mut vec![probe(6)], &mut receipts, &None).await.unwrap();
+        run_batch(&pool, &mut None, &mut [probe(6)], &mut receipts, &None).await.unwrap();
         assert_eq!(probes(&pool).await, [1, 3, 5, 6]);
         drop(pool);
         drop_database(store, &admin, &db).await;
