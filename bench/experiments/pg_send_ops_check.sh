@@ -18,12 +18,12 @@
 # database with 200k message-log rows (see "timing" below).
 #
 #   bench/pg_send_ops_check.sh            # from anywhere; KEEP=1 keeps the databases
-# Env: PG_ADMIN (postgres://postgres@127.0.0.1:5432/postgres), GATEWAY_BIN
+# Env: PG_ADMIN (postgres://postgres@127.0.0.1:5432/postgres), GW_BIN
 # (target/debug/gateway), NEW_SQL (the 0014 file), BENCH, BATCHES (600).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 PG_ADMIN=${PG_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}
-GATEWAY_BIN=${GATEWAY_BIN:-$root/target/debug/gateway}
+GW_BIN=${GW_BIN:-$root/target/debug/gateway}
 MIG=$root/server/migrations/postgres
 NEW_SQL=${NEW_SQL:-$root/bench/experiments/0014_set_based_settle.sql}
 A=gwh_ops_old B=gwh_ops_new T=gwh_ops_bench
@@ -46,7 +46,7 @@ grep -q 'LOOP' "$work/old.sql"
 # make_new D E: a copy E of D with 0014 applied.
 make_pair() {
   psql "$PG_ADMIN" -X -qc "CREATE DATABASE $1" >/dev/null
-  "$GATEWAY_BIN" --database-url "$(url "$1")" migrate >/dev/null
+  "$GW_BIN" --database-url "$(url "$1")" migrate >/dev/null
   q "$1" -f "$work/old.sql"
 }
 make_new() {
