@@ -334,6 +334,7 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result
 /// order); each ends when its senders are dropped.
 pub(super) fn spawn_sqlx(pool: AnyPool, timeout: Duration, log: Option<slog::Logger>) -> Vec<mpsc::Sender<Queued>> {
     let process = uuid::Uuid::new_v4().simple().to_string();
+    tokio::spawn(forget_old_receipts(pool.clone()));
     let hold = pool.options().get_max_connections() as usize >= HOLD_FROM;
     (0..lane::COUNT).map(|n| spawn_lane(pool.clone(), Receipts::new(&process, n), hold, timeout, log.clone())).collect()
 }
@@ -359,7 +360,6 @@ fn spawn_lane(
 ) -> mpsc::Sender<Queued> {
     let (tx, mut rx) = mpsc::channel::<Queued>(4 * MAX_BATCH);
     tokio::spawn(async move {
-        receipts.forget_old(&pool).await;
         // The lane's connection, kept from batch to batch if `hold` (given back to the
         // pool after an error or a timeout, when its state is unknown, and when the pool
         // closes: closing waits for every connection to come back).
@@ -409,6 +409,13 @@ fn spawn_lane(
     tx
 }
 
+/// Removes the receipts of writers not heard of for a day (processes that stopped); once
+/// per process, at start.
+async fn forget_old_receipts(pool: AnyPool) {
+    let day_ago = super::now_ms() - 86_400_000;
+    let _ = sqlx::query("DELETE FROM writer_receipts WHERE at < $1").bind(day_ago).execute(&pool).await;
+}
+
 /// A lane's receipts: a token each of its batches writes in `writer_receipts` (migration
 /// 0017) before anything else, in its own transaction, and only over a smaller one. A
 /// batch whose connection was lost can then be told committed or not, and one not
@@ -443,12 +450,6 @@ impl Receipts {
     fn next(&mut self) -> i64 {
         self.token += 1;
         self.token
-    }
-
-    /// Removes the rows of writers not heard of for a day (processes that stopped).
-    async fn forget_old(&self, pool: &AnyPool) {
-        let day_ago = super::now_ms() - 86_400_000;
-        let _ = sqlx::query("DELETE FROM writer_receipts WHERE at < $1").bind(day_ago).execute(pool).await;
     }
 
     /// Whether the batch that wrote `lost` committed; if it did not, it never will: the
@@ -512,7 +513,12 @@ async fn run_batch(
                 conn.close_on_drop();
                 drop(conn);
                 tries -= 1;
-                let committed = receipts.fence(pool, token).await?;
+                // Unless the fence answers, the batch may have committed: 503 for the
+                // whole batch, never its writes run again one by one.
+                let committed = receipts
+                    .fence(pool, token)
+                    .await
+                    .map_err(|f| StoreError::Unavailable(format!("{e}; asking whether the batch committed: {f}")))?;
                 if let Some(log) = log {
                     slog::warn!(log, "a write batch lost its database connection";
                                 "error" => %e, "writes" => batch.len(), "committed" => committed);
