@@ -786,6 +786,13 @@ mod tests {
         for _ in 0..3 {
             sqlx::query("SELECT 1").execute(&pool).await.unwrap();
         }
+        // A connection comes back to the pool after sqlx has asked it (a round trip).
+        for _ in 0..100 {
+            if pool.num_idle() > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let idle = pool.num_idle();
         let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&admin).await.unwrap();
         let ended = sqlx::query(
