@@ -160,6 +160,52 @@ async fn a_refusal_is_kept_but_throttling_frees_the_key() {
     cx.teardown().await;
 }
 
+/// The key decides before any check: a schema refusal's key is read alone, and a media
+/// send's key before its media is fetched; every other send's key is read with the
+/// send's own read.
+#[tokio::test]
+async fn the_key_decides_before_the_schema_check_and_before_media_is_fetched() {
+    let cx = TestContext::with("idem_first", |c| c.allow_loopback_targets = true, None).await;
+    cx.lift_velocity(&cx.tenant.customer_id).await;
+    // A schema refusal is kept for its key and replayed; another body with the key is
+    // refused as a reused key, whether it would pass the schema check or not.
+    let no_phone = json!({"instance_id": cx.tenant.instance_name, "message_purpose": "transactional", "message": "hi"});
+    let first = send_keyed(&cx, Some("v1"), &no_phone).await;
+    assert_eq!((first.status, first.json()["error"].as_str()), (422, Some("missing_phone")));
+    let again = send_keyed(&cx, Some("v1"), &no_phone).await;
+    assert_eq!((again.status, again.body.as_str()), (422, first.body.as_str()));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    let no_text = json!({"instance_id": cx.tenant.instance_name, "phone": PHONE, "message_purpose": "transactional"});
+    for other in [message(&cx, PHONE, "hi"), no_text] {
+        let reused = send_keyed(&cx, Some("v1"), &other).await;
+        assert_eq!((reused.status, reused.json()["error"].as_str()), (422, Some("idempotency_key_reused")));
+    }
+    // A sent message's key refuses a schema-invalid body the same way.
+    assert_eq!(send_keyed(&cx, Some("s1"), &message(&cx, PHONE, "hello")).await.status, 200);
+    let reused = send_keyed(&cx, Some("s1"), &json!({"instance_id": cx.tenant.instance_name})).await;
+    assert_eq!(reused.json()["error"], "idempotency_key_reused", "{}", reused.body);
+    assert_eq!(rows(&cx).await.len(), 2, "a refused schema and a send; replays and reuses write no row");
+
+    // A media URL is fetched once: the retry is answered by its key before any fetch.
+    let files = gateway_sdk_tests::receiver::Receiver::start().await;
+    let pdf = json!({"instance_id": cx.tenant.instance_name, "phone": PHONE, "message_purpose": "support",
+                     "media_type": "document", "mime_type": "application/pdf", "file_name": "a.pdf",
+                     "media": files.url("/a.pdf")});
+    files.script([gateway_sdk_tests::receiver::Behaviour::Answer(
+        200,
+        vec![("content-type".into(), "application/pdf".into())],
+        "%PDF-1.7\n".into(),
+    )]);
+    let sent = send_keyed(&cx, Some("m1"), &pdf).await;
+    assert_eq!(sent.status, 200, "{}", sent.body);
+    let replayed = send_keyed(&cx, Some("m1"), &pdf).await;
+    assert_eq!((replayed.status, replayed.body.as_str()), (200, sent.body.as_str()));
+    assert_eq!(replayed.header("idempotent-replayed"), Some("true"));
+    assert_eq!(files.received().len(), 1, "the media was fetched once");
+    assert_eq!(sent_rows(&cx).await, 2);
+    cx.teardown().await;
+}
+
 #[tokio::test]
 async fn a_broken_connection_after_the_provider_took_it_is_unknown_and_replayed() {
     let cx = TestContext::new("idem_unknown").await;

@@ -1,7 +1,7 @@
 //! Bearer API key authentication of the public endpoints.
 
 use crate::apikey;
-use crate::store::{ApiKeyRecord, KeySnapshot, Store};
+use crate::store::{ApiKeyRecord, Store};
 use gateway_api::ApiError;
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
@@ -10,15 +10,11 @@ fn invalid() -> ApiError {
     ApiError::new(401, "invalid_api_key", "a valid API key is required (Authorization: Bearer <API_KEY>)")
 }
 
-/// The key presented in `Authorization: Bearer <key>`, checked against the store.
+/// The key presented in `Authorization: Bearer <key>`, checked against the store
+/// (through its cache: see `Store::api_key_for_request`; the send's own read sees a
+/// revocation the cache has not yet).
 /// Missing, malformed or unknown: 401 `invalid_api_key`; revoked: 401 `revoked_api_key`.
-/// When the request carries an idempotency key, its state (for the key's customer) is
-/// read in the same round trip.
-pub async fn authenticate(
-    store: &Store,
-    headers: &HeaderMap,
-    idem_key: Option<&str>,
-) -> Result<(ApiKeyRecord, Option<KeySnapshot>), ApiError> {
+pub async fn authenticate(store: &Store, headers: &HeaderMap) -> Result<ApiKeyRecord, ApiError> {
     let mut values = headers.get_all(AUTHORIZATION).iter();
     let (Some(value), None) = (values.next(), values.next()) else {
         return Err(invalid());
@@ -33,18 +29,11 @@ pub async fn authenticate(
         return Err(invalid());
     }
     let hash = apikey::hash(key);
-    let (record, snapshot) = match idem_key {
-        Some(idem_key) => {
-            let found = store.api_key_and_idempotency(&hash, idem_key, crate::store::now_ms()).await?;
-            let (record, snapshot) = found.ok_or_else(invalid)?;
-            (record, Some(snapshot))
-        }
-        None => (store.api_key_for_request(&hash).await?.ok_or_else(invalid)?, None),
-    };
+    let record = store.api_key_for_request(&hash).await?.ok_or_else(invalid)?;
     if record.revoked_at.is_some() {
         return Err(revoked(&record));
     }
-    Ok((record, snapshot))
+    Ok(record)
 }
 
 /// 401 `revoked_api_key` for this key (also when the send's own read finds it revoked

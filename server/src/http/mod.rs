@@ -12,7 +12,8 @@ pub use crate::state::AppState;
 
 use crate::pbx::{Webhook, WebhookRequest};
 use crate::provider::ProviderError;
-use crate::send::{SendError, SendInput, answer, idempotency};
+use crate::send::idempotency::{self, Decided};
+use crate::send::{Idempotency, SendError, SendInput, answer};
 use crate::store::{Answer, now_ms};
 use dropshot::{Body, HttpError, Path, RequestContext, endpoint};
 use futures::FutureExt;
@@ -125,11 +126,11 @@ async fn send_message(
     // The send's one line (Dropshot's "request completed" is counted, not written, for
     // this route: see `metrics::HttpDrain`): the decision, the status, the time.
     let us = || started.elapsed().as_micros() as u64;
-    // The idempotency key's state is read with the API key, in one round trip; a
-    // malformed key is refused after the body is read (415, 400 and 422 keep their order).
+    // A malformed idempotency key is refused after the body is read (415, 400 and 422
+    // keep their order); the key's state is read by the pipeline, with the send's own
+    // read (see `send::idempotency`).
     let idem_key = idempotency::key_from(headers.get(idempotency::HEADER).map(|v| v.as_bytes()));
-    let wanted = idem_key.as_ref().ok().and_then(|k| k.as_deref());
-    let (key, snapshot) = match auth::authenticate(&state.store, &headers, wanted).await {
+    let key = match auth::authenticate(&state.store, &headers).await {
         Ok(found) => found,
         Err(e) => {
             info!(log, "send refused"; "error" => e.code, "status" => e.status.as_u16(), "latency_us" => us());
@@ -146,46 +147,32 @@ async fn send_message(
             return Err(e);
         }
     };
-    let mut input = SendInput {
+    let idem_key = idem_key.map_err(|e| {
+        info!(log, "send refused"; "error" => "validation_error", "status" => 422, "latency_us" => us());
+        answer::key_refusal("validation_error", e)
+    })?;
+    let idempotency = idem_key.map(|idem_key| Idempotency {
+        owner: idempotency::owner(&key.customer_id, idem_key, &request),
+        render: answer::send_answer,
+        claimed: false,
+    });
+    let input = SendInput {
         customer_id: key.customer_id.clone(),
         api_key_id: Some(key.id.clone()),
         source: "api",
         body: request,
-        idempotency: None,
+        idempotency,
         trace,
         progress,
     };
-    let idem_key = idem_key.map_err(|e| {
-        info!(log, "send refused"; "error" => "validation_error", "status" => 422, "latency_us" => us());
-        key_refusal("validation_error", e)
-    })?;
-    if let Some(idem_key) = idem_key {
-        let keys = idempotency::Keys {
-            store: &state.store,
-            render: answer::send_answer,
-            orphan_answer: answer::orphan_answer(),
-        };
-        match idempotency::claim(&keys, &key.customer_id, idem_key, &input.body, snapshot).await? {
-            idempotency::Outcome::Run(claim) => input.idempotency = Some(claim),
-            idempotency::Outcome::Replay(answer) => {
-                info!(log, "send replayed"; "status" => answer.status, "latency_us" => us());
-                return Ok(reply(answer).with_header(idempotency::REPLAYED_HEADER, "true"));
-            }
-            idempotency::Outcome::InProgress => {
-                info!(log, "send refused"; "error" => "idempotency_request_in_progress", "status" => 409,
-                      "latency_us" => us());
-                return Ok(reply(answer::send_answer(&Err(SendError::IdempotencyInProgress))));
-            }
-            idempotency::Outcome::Reused => {
-                info!(log, "send refused"; "error" => "idempotency_key_reused", "status" => 422, "latency_us" => us());
-                return Err(key_refusal("idempotency_key_reused", idempotency::KeyError::Reused));
-            }
-        }
-    }
     crate::metrics::stage(crate::metrics::Stage::Auth, started);
     let result = state.sender.send(&input).await;
     crate::metrics::stage(crate::metrics::Stage::Handler, started);
     let answer = match &result {
+        Err(SendError::Keyed(Decided::Replay(answer))) => {
+            info!(log, "send replayed"; "status" => answer.status, "latency_us" => us());
+            return Ok(reply(answer.clone()).with_header(idempotency::REPLAYED_HEADER, "true"));
+        }
         Ok(sent) => {
             info!(log, "send accepted"; "log_id" => sent.log_id, "message_id" => &sent.message_id,
                   "type" => &sent.message_type, "status" => 200, "latency_us" => us());
@@ -207,11 +194,6 @@ async fn send_message(
         }
     };
     Ok(reply(answer))
-}
-
-/// 422 naming the `Idempotency-Key` header.
-fn key_refusal(code: &'static str, e: idempotency::KeyError) -> ApiError {
-    ApiError::new(422, code, e.to_string()).with_detail("field", "Idempotency-Key")
 }
 
 /// The reply for an answer: its bytes, with `Retry-After` (whole seconds, from

@@ -435,8 +435,11 @@ impl Webhook<'_> {
                 message: Some(out.text.clone()),
                 ..Default::default()
             },
-            idempotency: attempt_key
-                .map(|owner| crate::send::Idempotency { owner, render: crate::send::answer::send_answer }),
+            idempotency: attempt_key.map(|owner| crate::send::Idempotency {
+                owner,
+                render: crate::send::answer::send_answer,
+                claimed: true,
+            }),
             trace: self.trace.clone(),
             progress: Default::default(),
         };

@@ -4,6 +4,7 @@
 //! Internal detail (database errors, provider messages) goes to the log, never to the
 //! caller; store errors become wire errors in `http/error.rs`.
 
+use super::idempotency::{Decided, KeyError};
 use super::{SendError, Sent};
 use crate::provider::ProviderError;
 use crate::store::Answer;
@@ -98,10 +99,13 @@ impl From<&SendError> for ApiError {
             SendError::Provider(p) => ApiError::new(502, code, "the message could not be delivered")
                 .with_detail("reason", p.code())
                 .with_internal(p.to_string()),
-            SendError::IdempotencyInProgress => {
+            SendError::IdempotencyInProgress | SendError::Keyed(Decided::InProgress) => {
                 ApiError::new(409, code, "a request with this Idempotency-Key is in progress; retry after it finishes")
                     .with_detail("retry_after_seconds", 1)
             }
+            SendError::Keyed(Decided::Reused) => key_refusal(code, KeyError::Reused),
+            // `send_answer` answers the kept answer itself.
+            SendError::Keyed(Decided::Replay(_)) => ApiError::internal("a replay reached the error answers"),
             SendError::Store(s) => ApiError::from(s),
         }
     }
@@ -166,8 +170,15 @@ pub fn send_answer(result: &Result<Sent, SendError>) -> Answer {
             };
             Answer { status: 200, body: serde_json::to_string(&body).unwrap_or_default() }
         }
+        Err(SendError::Keyed(Decided::Replay(answer))) => answer.clone(),
         Err(e) => error_answer(&ApiError::from(e)),
     }
+}
+
+/// 422 naming the `Idempotency-Key` header (a malformed key, or a key reused with
+/// another body).
+pub fn key_refusal(code: &'static str, e: KeyError) -> ApiError {
+    ApiError::new(422, code, e.to_string()).with_detail("field", "Idempotency-Key")
 }
 
 /// An error's answer: its status and the error body.

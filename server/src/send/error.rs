@@ -1,6 +1,7 @@
 //! Why a send did not go out: the pipeline's error, its specification code, and how
 //! the send counter labels it. Mapped to the wire in `answer.rs`.
 
+use super::idempotency::Decided;
 use crate::provider::ProviderError;
 use crate::store::{PlanStatus, StoreError};
 
@@ -66,6 +67,10 @@ pub enum SendError {
     /// Another request with the same idempotency key is running (or took the key over).
     #[error("a request with this idempotency key is in progress")]
     IdempotencyInProgress,
+    /// The request's idempotency key decided its answer before any check ran (see
+    /// `idempotency::decide`): not an attempt, so nothing is written or counted.
+    #[error("answered by its idempotency key")]
+    Keyed(Decided),
     #[error("delivery failed: {0}")]
     Provider(#[from] ProviderError),
     #[error(transparent)]
@@ -92,7 +97,12 @@ impl SendError {
             SendError::DailyLimit { .. } => "daily_message_limit_exceeded",
             SendError::MonthlyLimit { .. } => "monthly_message_limit_exceeded",
             SendError::Provider(_) => "gateway_send_failed",
-            SendError::IdempotencyInProgress => "idempotency_request_in_progress",
+            SendError::IdempotencyInProgress | SendError::Keyed(Decided::InProgress) => {
+                "idempotency_request_in_progress"
+            }
+            SendError::Keyed(Decided::Reused) => "idempotency_key_reused",
+            // Never on the wire: the kept answer is (`answer::send_answer`).
+            SendError::Keyed(Decided::Replay(_)) => "idempotent_replayed",
             SendError::Store(_) => "internal_error",
         }
     }
@@ -135,7 +145,7 @@ impl SendError {
             SendError::Throttled { .. } => "gateway/velocity".into(),
             SendError::DailyLimit { .. } | SendError::MonthlyLimit { .. } => "gateway/quota".into(),
             SendError::Provider(_) => "gateway/provider".into(),
-            SendError::IdempotencyInProgress => "gateway/idempotency".into(),
+            SendError::IdempotencyInProgress | SendError::Keyed(_) => "gateway/idempotency".into(),
             SendError::Store(_) => "gateway/store".into(),
         }
     }

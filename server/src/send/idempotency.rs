@@ -1,18 +1,20 @@
 //! Idempotency keys of send-message (IETF httpapi idempotency-key draft, Stripe).
 //!
 //! A key is 1 to 255 printable ASCII characters, scoped to the customer and kept 24
-//! hours. A request reads its key's state first; the first request takes the key in
-//! its attempt's own write (or with its refusal's log row), so a key costs no write of
-//! its own; its final answer is kept with its log row (see `store::attempts`). Another request with the
-//! same key and the same body gets that answer again and sends nothing; with another
-//! body it is refused (`idempotency_key_reused`); while the first runs it is told to
-//! wait (`idempotency_request_in_progress`). A first request whose process died is
+//! hours. The pipeline decides a keyed request by its key's state before any check can
+//! refuse it or write anything: read with the send's own read (`Store::send_context`)
+//! after the schema check, so a key costs no read of its own; read alone first when the
+//! schema check refuses the request, or would fetch its media. The first request takes
+//! the key in its attempt's own write (or with its refusal's log row), so a key costs no
+//! write of its own; its final answer is kept with its log row (see `store::attempts`).
+//! Another request with the same key and the same body gets that answer again and sends
+//! nothing; with another body it is refused (`idempotency_key_reused`); while the first
+//! runs it is told to wait (`idempotency_request_in_progress`). A first request whose process died is
 //! resolved with its attempt as soon as that process's lease has lapsed (a few seconds,
 //! whatever the provider timeout; see `store::leases`): before the provider call the
 //! key is free again; after it, the retry settles the orphan and gets the answer of an
 //! unknown outcome.
 
-use super::{Idempotency, SendError, Sent};
 use crate::store::{Answer, Claim, IdemOwner, KeySnapshot, Store, StoreError, now_ms};
 use gateway_api::SendMessageRequest;
 use sha2::{Digest, Sha256};
@@ -31,11 +33,10 @@ pub enum KeyError {
     Reused,
 }
 
-/// What to do with a request that carries a key.
+/// A keyed request answered by its key's state, without running: nothing is written
+/// and nothing is counted.
 #[derive(Debug)]
-pub enum Outcome {
-    /// Run the pipeline holding this claim.
-    Run(Idempotency),
+pub enum Decided {
     /// Answer this again (the key's first request finished).
     Replay(Answer),
     /// The key's first request is still running.
@@ -80,45 +81,40 @@ pub fn request_hash(r: &SendMessageRequest) -> String {
     hex::encode(h.finalize())
 }
 
-/// What deciding a keyed request needs.
-pub struct Keys<'a> {
-    pub store: &'a Store,
-    /// How the pipeline's answer is rendered for keeping (the HTTP layer's function).
-    pub render: fn(&Result<Sent, SendError>) -> Answer,
-    /// The answer an orphaned attempt's key gets.
-    pub orphan_answer: &'a Answer,
-}
-
-/// What to do with a request of `customer_id` that carries `key`. `snapshot` is the
-/// key's state when it was read already (beside the API key, in one round trip).
-pub async fn claim(
-    keys: &Keys<'_>,
-    customer_id: &str,
-    key: String,
-    request: &SendMessageRequest,
-    snapshot: Option<KeySnapshot>,
-) -> Result<Outcome, StoreError> {
-    let Keys { store, render, orphan_answer } = *keys;
-    let owner = IdemOwner {
+/// The claim a request of `customer_id` with `key` runs under: a token of its own, and
+/// its body's fingerprint.
+pub fn owner(customer_id: &str, key: String, request: &SendMessageRequest) -> IdemOwner {
+    IdemOwner {
         customer_id: customer_id.to_string(),
         key,
         owner: crate::store::new_id("req"),
         request_hash: request_hash(request),
-    };
+    }
+}
+
+/// Whether the key's state lets `owner`'s request run (`None`) or decides its answer.
+/// `snapshot` is the key's state when it was read already (with the send's own read);
+/// else it is read here. `orphan_answer` is what an orphaned attempt's key keeps.
+pub(super) async fn decide(
+    store: &Store,
+    owner: &IdemOwner,
+    snapshot: Option<KeySnapshot>,
+    orphan_answer: &Answer,
+) -> Result<Option<Decided>, StoreError> {
     let now = now_ms();
     // A read: the attempt's own write takes the key (one write fewer per send); of
     // concurrent requests with one key, the one whose write lands first has it, the
     // others are told it is in progress.
     let state = match snapshot {
-        Some(snapshot) => snapshot.state(&owner, now),
-        None => store.idempotency_state(&owner, now).await?,
+        Some(snapshot) => snapshot.state(owner, now),
+        None => store.idempotency_state(owner, now).await?,
     };
     let claim = match state {
         // The first request's process stopped at the provider: settle its attempt as
         // an unknown outcome (the sweep does, for every orphan), and look again.
         Claim::InProgress { log_id: Some(log_id), .. } if store.attempt_orphaned(log_id).await? => {
             store.sweep_orphans(now, orphan_answer).await?;
-            store.idempotency_state(&owner, now).await?
+            store.idempotency_state(owner, now).await?
         }
         // Its process stopped before its attempt row: nothing was sent, and the key is
         // free (the attempt's write takes it only if it still is).
@@ -130,10 +126,10 @@ pub async fn claim(
         claim => claim,
     };
     Ok(match claim {
-        Claim::Claimed => Outcome::Run(Idempotency { owner, render }),
-        Claim::Replay(answer) => Outcome::Replay(answer),
-        Claim::Mismatch => Outcome::Reused,
-        Claim::InProgress { .. } => Outcome::InProgress,
+        Claim::Claimed => None,
+        Claim::Replay(answer) => Some(Decided::Replay(answer)),
+        Claim::Mismatch => Some(Decided::Reused),
+        Claim::InProgress { .. } => Some(Decided::InProgress),
     })
 }
 

@@ -16,9 +16,10 @@
 //! nothing the provider may have seen is missing from the log, and nothing goes over a
 //! limit.
 //!
-//! A request with an idempotency key takes the key in the write of its attempt row (or
-//! of its refusal's row); its final answer, rendered by the caller's `render`, is kept
-//! in the transaction that settles the row (see `idempotency` and `store::attempts`).
+//! A request with an idempotency key is decided by its key's state first (read with
+//! the send's own read; see `idempotency`), takes the key in the write of its attempt
+//! row (or of its refusal's row), and its final answer, rendered by the caller's
+//! `render`, is kept in the transaction that settles the row (see `store::attempts`).
 //!
 //! Each stage is a room of its own: `schema`, `verdicts` (the policy stages), `limits`
 //! (velocity and quota counters), `outcome` (the row, the event and the settle),
@@ -43,8 +44,8 @@ use crate::metrics::{self, Stage};
 use crate::policy::{Decision, PolicyEngine, Stage as PolicyStage, TraceEntry};
 use crate::provider::{OutboundMessage, Provider, ProviderError, SendingInstance};
 use crate::store::{
-    Answer, Began, Begin, Finish, IdemOwner, Instance, PacingScopes, PlanStatus, Reservation, ReviewItem, SendContext,
-    Store, now_ms,
+    Answer, Began, Begin, Finish, IdemOwner, Instance, KeySnapshot, PacingScopes, PlanStatus, Reservation, ReviewItem,
+    SendContext, Store, now_ms,
 };
 use gateway_api::{MessagePurpose, SendMessageRequest};
 use limits::{exact_counters, limit_error};
@@ -82,6 +83,9 @@ pub struct SendInput {
 pub struct Idempotency {
     pub owner: IdemOwner,
     pub render: fn(&Result<Sent, SendError>) -> Answer,
+    /// The key is this request's already, claimed in a write of its own (the PBX path's
+    /// `Store::claim_idempotency`); else the pipeline decides by the key's state.
+    pub claimed: bool,
 }
 
 /// A send that went out.
@@ -173,37 +177,67 @@ impl Sender {
         }
     }
 
-    /// Runs every check, sends, and writes the attempt's log row (and event).
+    /// Runs every check, sends, and writes the attempt's log row (and event). A request
+    /// whose idempotency key decides its answer fails with `SendError::Keyed`, having
+    /// written and counted nothing.
     pub async fn send(&self, input: &SendInput) -> Result<Sent, SendError> {
         let result = self.attempt(input).await;
         let (decision, error) = match &result {
             Ok(_) => ("allowed", ""),
+            Err(SendError::Keyed(_)) => return result,
             Err(e) => e.outcome(),
         };
         crate::metrics::send_outcome(decision, error);
         result
     }
 
+    /// Fails with `SendError::Keyed` when the request's key decides its answer
+    /// (`snapshot`: its state, when read already).
+    async fn decide_key(&self, key: &Idempotency, snapshot: Option<KeySnapshot>) -> Result<(), SendError> {
+        match idempotency::decide(&self.store, &key.owner, snapshot, answer::orphan_answer()).await? {
+            Some(decided) => Err(SendError::Keyed(decided)),
+            None => Ok(()),
+        }
+    }
+
     async fn run(&self, a: &mut Attempt<'_>) -> Result<crate::provider::ProviderReceipt, SendError> {
         let t = std::time::Instant::now();
-        let checked = self.check_schema(&a.input.body).await?;
+        // The key decides before any check can refuse or write: with the send's own
+        // read below, unless the schema check fetches media first (or refuses).
+        let mut undecided = a.input.idempotency.as_ref().filter(|k| !k.claimed);
+        if let Some(key) = undecided.take_if(|_| a.input.body.media.is_some()) {
+            self.decide_key(key, None).await?;
+        }
+        let checked = match self.check_schema(&a.input.body).await {
+            Ok(checked) => checked,
+            Err(refused) => {
+                if let Some(key) = undecided {
+                    self.decide_key(key, None).await?;
+                }
+                return Err(refused);
+            }
+        };
         let checked = a.checked.insert(checked);
         let t = metrics::stage(Stage::Schema, t);
         let now = now_ms();
         let input = a.input;
-        let SendContext { customer, instance, suppressed, counters, to_recipient_hour, key_revoked } = self
+        let SendContext { customer, instance, suppressed, counters, to_recipient_hour, key_revoked, key } = self
             .store
             .send_context(
                 &input.customer_id,
                 &checked.instance_ref,
                 &checked.phone.e164,
                 input.api_key_id.as_deref(),
+                undecided.map(|k| k.owner.key.as_str()),
                 now,
             )
             .await?;
         let t = metrics::stage(Stage::Read, t);
         if key_revoked {
             return Err(SendError::KeyRevoked);
+        }
+        if let Some(undecided) = undecided {
+            self.decide_key(undecided, Some(key)).await?;
         }
         let instance = a.instance.insert(instance.ok_or(SendError::InvalidInstance)?);
         let plan_status = customer.plan_status(now);

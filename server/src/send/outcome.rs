@@ -93,6 +93,8 @@ impl Sender {
             }
             // Not an attempt of its own: the key's first request answers for it.
             (Err(SendError::IdempotencyInProgress), _) => Err(SendError::IdempotencyInProgress),
+            // Answered by the request's key before any check: not an attempt either.
+            (Err(error @ SendError::Keyed(_)), _) => Err(error),
             // Not an attempt: the request was not authenticated after all.
             (Err(SendError::KeyRevoked), _) => Err(SendError::KeyRevoked),
             // A policy decision that did not hold against the counters the send took:

@@ -1,5 +1,6 @@
 //! Customers (plan, modules, limit overrides) and their instances.
 
+use super::idempotency::KeySnapshot;
 use super::{Cols, Forget, FromCols, Store, StoreError, flag, new_id, now_ms};
 use gateway_policy_model::Counters;
 use rusqlite::types::Value as SqlValue;
@@ -155,12 +156,14 @@ fn send_context_sql(instance_match: &str, order: &str) -> String {
          k.sent_total AS to_recipient_total, k.replies_total AS replies, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $8 || i.id AND u.window_start = $4) AS new_today, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || i.id AND u.window_start = $4) AS sent_today, \
-         (SELECT a.revoked_at FROM api_keys a WHERE a.id = $10) AS key_revoked_at \
+         (SELECT a.revoked_at FROM api_keys a WHERE a.id = $10) AS key_revoked_at, {} \
          FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND {instance_match} \
          LEFT JOIN contacts k ON k.instance_id = i.id AND k.phone = $3 \
+         LEFT JOIN idempotency_keys ik ON ik.idem_key = $11 AND ik.customer_id = c.id AND ik.expires_at > $12 \
          WHERE c.id = $1 {order} LIMIT 1",
         customer_cols.join(", "),
-        instance_cols.join(", ")
+        instance_cols.join(", "),
+        KeySnapshot::joined_columns("ik"),
     )
 }
 
@@ -201,6 +204,7 @@ impl FromCols for SendContext {
             },
             to_recipient_hour: count("to_recipient_hour")?,
             key_revoked: row.col::<Option<i64>>("key_revoked_at")?.is_some(),
+            key: KeySnapshot::from_joined(row)?,
         })
     }
 }
@@ -220,6 +224,9 @@ pub struct SendContext {
     pub to_recipient_hour: u32,
     /// Whether the request's API key is revoked, as stored now.
     pub key_revoked: bool,
+    /// The state of the request's idempotency key, when it has one (see
+    /// `send::idempotency`): absent when it has none.
+    pub key: KeySnapshot,
 }
 
 /// The stored status and period of a newly assigned plan.
@@ -414,8 +421,8 @@ impl Store {
     }
 
     /// The customer, its instance with this id (or else this name), whether `phone` is
-    /// suppressed, the pacing counters and whether the request's API key is revoked, in
-    /// one read. The cache (see `cache`) only saves resolving an instance's name: the
+    /// suppressed, the pacing counters, whether the request's API key is revoked and the
+    /// state of its idempotency key `idem_key` (if it has one), in one read. The cache (see `cache`) only saves resolving an instance's name: the
     /// rows are always read as stored now.
     pub async fn send_context(
         &self,
@@ -423,6 +430,7 @@ impl Store {
         instance_ref: &str,
         phone: &str,
         api_key_id: Option<&str>,
+        idem_key: Option<&str>,
         now: i64,
     ) -> Result<SendContext, StoreError> {
         const DAY_MS: i64 = 24 * 3_600_000;
@@ -440,6 +448,8 @@ impl Store {
             SqlValue::Text(PacingScopes::NEW_RECIPIENT_DAY.to_string()),
             SqlValue::Integer(now - now.rem_euclid(HOUR_MS)),
             api_key_id.map_or(SqlValue::Null, |k| SqlValue::Text(k.to_string())),
+            idem_key.map_or(SqlValue::Null, |k| SqlValue::Text(k.to_string())),
+            SqlValue::Integer(now),
         ];
         let missing = || StoreError::NotFound(format!("customer {customer_id}"));
         let mut context: Option<SendContext> = None;

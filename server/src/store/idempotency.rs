@@ -157,7 +157,7 @@ impl Store {
     }
 }
 
-/// A key's row as read (`KEY_SQL`, or beside the API key: `Store::api_key_and_idempotency`),
+/// A key's row as read (`KEY_SQL`, or with the send's own read: `Store::send_context`),
 /// or its absence.
 #[derive(Clone, Debug, Default)]
 pub struct KeySnapshot(Option<KeyRow>);
@@ -178,20 +178,43 @@ impl KeySnapshot {
         Claim::InProgress { log_id: row.log_id, since: row.created_at, owner_lease: row.owner_lease }
     }
 
-    /// From the columns `i_request_hash`, `i_lease_until`, ... of a joined row.
-    pub(super) fn from_prefixed(r: &impl Cols) -> Result<KeySnapshot, StoreError> {
-        let Some(request_hash) = r.col::<Option<String>>("i_request_hash")? else { return Ok(KeySnapshot(None)) };
+    /// The key row's columns of table alias `table`, as `from_joined` reads them, for a
+    /// read that joins the key's row (`Store::send_context`).
+    pub(super) fn joined_columns(table: &str) -> String {
+        let columns = KEY_COLUMNS.iter().zip(JOINED);
+        columns.map(|(c, name)| format!("{table}.{c} AS {name}")).collect::<Vec<_>>().join(", ")
+    }
+
+    /// From the columns `joined_columns` names (`ik_request_hash` is NULL when the join
+    /// found no row).
+    pub(super) fn from_joined(r: &impl Cols) -> Result<KeySnapshot, StoreError> {
+        let [request_hash, lease_until, log_id, response_status, response_body, created_at, owner_lease] = JOINED;
+        let Some(request_hash) = r.col::<Option<String>>(request_hash)? else { return Ok(KeySnapshot(None)) };
         Ok(KeySnapshot(Some(KeyRow {
             request_hash,
-            lease_until: r.col("i_lease_until")?,
-            log_id: r.col("i_log_id")?,
-            response_status: r.col("i_response_status")?,
-            response_body: r.col("i_response_body")?,
-            created_at: r.col("i_created_at")?,
-            owner_lease: r.col("i_owner_lease")?,
+            lease_until: r.col(lease_until)?,
+            log_id: r.col(log_id)?,
+            response_status: r.col(response_status)?,
+            response_body: r.col(response_body)?,
+            created_at: r.col(created_at)?,
+            owner_lease: r.col(owner_lease)?,
         })))
     }
 }
+
+/// The columns of a key's row that decide what a request with it finds, and their
+/// names in a joined read.
+const KEY_COLUMNS: [&str; 7] =
+    ["request_hash", "lease_until", "log_id", "response_status", "response_body", "created_at", "owner_lease"];
+const JOINED: [&str; 7] = [
+    "ik_request_hash",
+    "ik_lease_until",
+    "ik_log_id",
+    "ik_response_status",
+    "ik_response_body",
+    "ik_created_at",
+    "ik_owner_lease",
+];
 
 /// A key's row as `KEY_SQL` reads it.
 #[derive(Clone, Debug)]

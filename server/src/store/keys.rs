@@ -1,6 +1,5 @@
 //! API keys: stored as a SHA-256 hash plus a short visible prefix, never in clear.
 
-use super::idempotency::KeySnapshot;
 use super::{Cols, FromCols, Store, StoreError, new_id, now_ms};
 use rusqlite::types::Value as SqlValue;
 
@@ -27,18 +26,6 @@ impl FromCols for ApiKeyRecord {
             revoked_at: r.col("revoked_at")?,
             last_used_at: r.col("last_used_at")?,
         })
-    }
-}
-
-/// An API key with the state of an idempotency key of its customer.
-struct KeyAndIdempotency {
-    record: ApiKeyRecord,
-    snapshot: KeySnapshot,
-}
-
-impl FromCols for KeyAndIdempotency {
-    fn from_cols(r: &impl Cols) -> Result<KeyAndIdempotency, StoreError> {
-        Ok(KeyAndIdempotency { record: ApiKeyRecord::from_cols(r)?, snapshot: KeySnapshot::from_prefixed(r)? })
     }
 }
 
@@ -75,25 +62,6 @@ impl Store {
     }
 
     /// The key with this hash, revoked or not.
-    /// `api_key_by_hash` and, in the same read, the state of the customer's
-    /// idempotency key `idem_key` (one round trip for a keyed send).
-    pub async fn api_key_and_idempotency(
-        &self,
-        key_hash: &str,
-        idem_key: &str,
-        now: i64,
-    ) -> Result<Option<(ApiKeyRecord, KeySnapshot)>, StoreError> {
-        const SQL: &str = "SELECT k.id, k.customer_id, k.name, k.prefix, k.created_at, k.revoked_at, \
-             k.last_used_at, i.request_hash AS i_request_hash, i.lease_until AS i_lease_until, \
-             i.log_id AS i_log_id, i.response_status AS i_response_status, i.response_body AS i_response_body, \
-             i.created_at AS i_created_at, i.owner_lease AS i_owner_lease FROM api_keys k \
-             LEFT JOIN idempotency_keys i \
-             ON i.customer_id = k.customer_id AND i.idem_key = $2 AND i.expires_at > $3 WHERE k.key_hash = $1";
-        let params =
-            vec![SqlValue::Text(key_hash.to_string()), SqlValue::Text(idem_key.to_string()), SqlValue::Integer(now)];
-        Ok(self.read_one::<KeyAndIdempotency>(SQL, params).await?.map(|k| (k.record, k.snapshot)))
-    }
-
     /// `api_key_by_hash` for a request: from the cache when it holds the hash (known
     /// or unknown; see `cache` for how long a change may take to be seen).
     pub async fn api_key_for_request(&self, key_hash: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
