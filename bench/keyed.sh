@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# What an Idempotency-Key costs: send-message (text, simulator, the purpose and content
+# modules, limits lifted) with a fresh key on every request (bench/keyed.lua) against
+# none (bench/send.lua), in pairs on a fresh store each run, alternating which of the
+# pair runs first; STORES (default both) and ROUNDS pairs each.
+#
+#   ROUNDS=4 DURATION=8 bench/keyed.sh        # needs wrk (Debian)
+#   PERF=1 STORES=sqlite ROUNDS=1 bench/keyed.sh
+#
+# PERF=1 also records the gateway with `perf record -g` for 5 s in the middle of each
+# run (linux-perf) and prints its top symbols, self time, keyed beside unkeyed.
+# Each line also gives the gateway's CPU time (user and system, /proc) per request.
+# GW_BIN: the gateway binary to measure (default: this checkout's release build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-8}
+ROUNDS=${ROUNDS:-3}
+STORES=${STORES:-sqlite postgres}
+. bench/common.sh
+GW=${GW_BIN:-$BIN/gateway}
+mkdir -p "$work/policies" && cp policies/dist/purpose.wasm policies/dist/content.wasm "$work/policies/"
+
+one() { # store script port -> prints req/s
+  local store=$1 script=$2 port=$3 db key cus rps
+  case $store in
+    sqlite) rm -f "$work/k.db"*; db="sqlite://$work/k.db?mode=rwc" ;;
+    postgres) db=$(pg_fresh) ;;
+  esac
+  demo_tenant "$GW" "$db"
+  GATEWAY_POLICIES__BUNDLED=false GATEWAY_POLICIES_DIR="$work/policies" GATEWAY_POLICIES__CACHE_DIR="$work/cache" \
+    GATEWAY_SIMULATOR_STATUS_DELAY_MS=0 GATEWAY_LOG_FILE="$work/gw.log" "$GW" --database-url "$db" serve --listen 127.0.0.1:$port &
+  local pid=$!
+  wait_port $port
+  if [ -n "${PERF:-}" ]; then
+    (sleep 2; perf record -q -F ${PERF_HZ:-999} ${PERF_CALLGRAPH:--g} -p $pid -o "$work/$(basename "$script" .lua).perf" -- sleep 5 >/dev/null 2>&1) &
+  fi
+  local t0 t1
+  t0=$(cpu_ticks $pid)
+  rps=$(API_KEY=$key wrk -t1 -c32 -d${DURATION}s -s "$script" http://127.0.0.1:$port/api/send-message | awk '/Requests\/sec/ {print $2}')
+  t1=$(cpu_ticks $pid)
+  wait_jobs_but $pid
+  kill $pid; wait $pid 2>/dev/null || true
+  [ "$store" = postgres ] && pg_drop
+  # req/s, and the gateway's CPU time (user and system) per request in µs
+  echo "$rps $(python3 -c "print(round(($t1 - $t0) / $(getconf CLK_TCK) / ($rps * $DURATION) * 1e6))")"
+}
+cpu_ticks() { awk '{print $14 + $15}' /proc/$1/stat; }
+wait_jobs_but() { local j; for j in $(jobs -p); do [ "$j" = "$1" ] || wait "$j" 2>/dev/null || true; done; }
+
+for store in $STORES; do
+  for round in $(seq 1 "$ROUNDS"); do
+    if [ $((round % 2)) = 1 ]; then
+      read -r plain plain_cpu < <(one "$store" bench/send.lua 18091)
+      read -r keyed keyed_cpu < <(one "$store" bench/keyed.lua 18092)
+    else
+      read -r keyed keyed_cpu < <(one "$store" bench/keyed.lua 18092)
+      read -r plain plain_cpu < <(one "$store" bench/send.lua 18091)
+    fi
+    printf '%-9s round %s   unkeyed %9s req/s %4s µs CPU   keyed %9s req/s %4s µs CPU   keyed/unkeyed %s\n' \
+      "$store" "$round" "$plain" "$plain_cpu" "$keyed" "$keyed_cpu" "$(python3 -c "print(f'{$keyed / $plain:.2f}')")"
+    if [ -n "${PERF:-}" ]; then
+      for p in send keyed; do
+        echo "--- $store $p: top self symbols"
+        perf report -q -g none -i "$work/$p.perf" --no-children --sort symbol 2>/dev/null | grep -v '^$' | head -25
+      done
+    fi
+  done
+done
