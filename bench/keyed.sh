@@ -9,7 +9,8 @@
 #
 # PERF=1 also records the gateway with `perf record -g` for 5 s in the middle of each
 # run (linux-perf) and prints its top symbols, self time, keyed beside unkeyed.
-# Each line also gives the gateway's CPU time (user and system, /proc) per request.
+# Each line also gives the gateway's CPU time (user and system, /proc) per request, and
+# on PostgreSQL that of the database's server processes (unkeyed / keyed).
 # GW_BIN: the gateway binary to measure (default: this checkout's release build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,30 +35,41 @@ one() { # store script port -> prints req/s
   if [ -n "${PERF:-}" ]; then
     (sleep 2; perf record -q -F ${PERF_HZ:-999} ${PERF_CALLGRAPH:--g} -p $pid -o "$work/$(basename "$script" .lua).perf" -- sleep 5 >/dev/null 2>&1) &
   fi
-  local t0 t1
-  t0=$(cpu_ticks $pid)
+  local t0 t1 p0 p1
+  t0=$(cpu_ticks $pid); p0=$(pg_ticks)
   rps=$(API_KEY=$key wrk -t1 -c32 -d${DURATION}s -s "$script" http://127.0.0.1:$port/api/send-message | awk '/Requests\/sec/ {print $2}')
-  t1=$(cpu_ticks $pid)
+  t1=$(cpu_ticks $pid); p1=$(pg_ticks)
   wait_jobs_but $pid
   kill $pid; wait $pid 2>/dev/null || true
   [ "$store" = postgres ] && pg_drop
-  # req/s, and the gateway's CPU time (user and system) per request in µs
-  echo "$rps $(python3 -c "print(round(($t1 - $t0) / $(getconf CLK_TCK) / ($rps * $DURATION) * 1e6))")"
+  # req/s, and the gateway's and PostgreSQL's CPU time (user and system) per request in µs
+  echo "$rps $(per_request $((t1 - t0)) "$rps") $(per_request $((p1 - p0)) "$rps")"
 }
 cpu_ticks() { awk '{print $14 + $15}' /proc/$1/stat; }
+# The CPU ticks of every PostgreSQL server process (0 where there are none).
+pg_ticks() {
+  local total=0 f
+  for f in /proc/[0-9]*/stat; do
+    [ "$(awk '{print $2}' "$f" 2>/dev/null)" = "(postgres)" ] && total=$((total + $(awk '{print $14 + $15}' "$f" 2>/dev/null || echo 0)))
+  done
+  echo $total
+}
+per_request() { python3 -c "print(round($1 / $(getconf CLK_TCK) / ($2 * $DURATION) * 1e6))"; }
 wait_jobs_but() { local j; for j in $(jobs -p); do [ "$j" = "$1" ] || wait "$j" 2>/dev/null || true; done; }
 
 for store in $STORES; do
   for round in $(seq 1 "$ROUNDS"); do
     if [ $((round % 2)) = 1 ]; then
-      read -r plain plain_cpu < <(one "$store" bench/send.lua 18091)
-      read -r keyed keyed_cpu < <(one "$store" bench/keyed.lua 18092)
+      read -r plain plain_cpu plain_pg < <(one "$store" bench/send.lua 18091)
+      read -r keyed keyed_cpu keyed_pg < <(one "$store" bench/keyed.lua 18092)
     else
-      read -r keyed keyed_cpu < <(one "$store" bench/keyed.lua 18092)
-      read -r plain plain_cpu < <(one "$store" bench/send.lua 18091)
+      read -r keyed keyed_cpu keyed_pg < <(one "$store" bench/keyed.lua 18092)
+      read -r plain plain_cpu plain_pg < <(one "$store" bench/send.lua 18091)
     fi
-    printf '%-9s round %s   unkeyed %9s req/s %4s µs CPU   keyed %9s req/s %4s µs CPU   keyed/unkeyed %s\n' \
-      "$store" "$round" "$plain" "$plain_cpu" "$keyed" "$keyed_cpu" "$(python3 -c "print(f'{$keyed / $plain:.2f}')")"
+    pg=""
+    [ "$store" = postgres ] && pg=" (PostgreSQL $plain_pg / $keyed_pg µs)"
+    printf '%-9s round %s   unkeyed %9s req/s %4s µs CPU   keyed %9s req/s %4s µs CPU   keyed/unkeyed %s%s\n' \
+      "$store" "$round" "$plain" "$plain_cpu" "$keyed" "$keyed_cpu" "$(python3 -c "print(f'{$keyed / $plain:.2f}')")" "$pg"
     if [ -n "${PERF:-}" ]; then
       for p in send keyed; do
         echo "--- $store $p: top self symbols"
