@@ -133,19 +133,31 @@ impl Instance {
 /// Customer, instance by id (or else name), suppression and the pacing counters, in
 /// one read. Every counter is a bounded lookup (a few index entries), never a count
 /// over the message log: $4 start of the UTC day, $5 start of the hour 24 hours ago,
-/// $6..$8 the scope prefixes of the counters (see [`PacingScopes`]).
-static SEND_CONTEXT_SQL: LazyLock<String> =
-    LazyLock::new(|| send_context_sql("(i.id = $2 OR i.name = $2)", "ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END"));
+/// $6..$8 the scope prefixes of the counters (see [`PacingScopes`]). Two forms: without
+/// an idempotency key, and with the key's row joined (`$11` the key, `$12` now), so an
+/// unkeyed send's read is no larger for it.
+static SEND_CONTEXT_SQL: LazyLock<[String; 2]> = LazyLock::new(|| {
+    let (instance_match, order) = ("(i.id = $2 OR i.name = $2)", "ORDER BY CASE WHEN i.id = $2 THEN 0 ELSE 1 END");
+    [send_context_sql(instance_match, order, false), send_context_sql(instance_match, order, true)]
+});
 
 /// `SEND_CONTEXT_SQL` for an instance the cache resolved: `$2` is its id, and the
 /// customer and instance rows are read again by primary key, so what stops sending (a
 /// revoked key, a paused instance, a plan or module change) holds from the moment it
 /// is written, on every replica; the cache saves the name lookup, never a decision.
-static SEND_FRESH_SQL: LazyLock<String> = LazyLock::new(|| send_context_sql("i.id = $2", ""));
+static SEND_FRESH_SQL: LazyLock<[String; 2]> =
+    LazyLock::new(|| [send_context_sql("i.id = $2", "", false), send_context_sql("i.id = $2", "", true)]);
 
-fn send_context_sql(instance_match: &str, order: &str) -> String {
+fn send_context_sql(instance_match: &str, order: &str, keyed: bool) -> String {
     let customer_cols: Vec<String> = CUSTOMER_COLUMNS.split(", ").map(|c| format!("c.{c}")).collect();
     let instance_cols: Vec<String> = INSTANCE_COLUMNS.split(", ").map(|c| format!("i.{c} AS i_{c}")).collect();
+    let (key_cols, key_join) = match keyed {
+        true => (
+            KeySnapshot::joined_columns("ik"),
+            "LEFT JOIN idempotency_keys ik ON ik.idem_key = $11 AND ik.customer_id = c.id AND ik.expires_at > $12",
+        ),
+        false => (KeySnapshot::no_joined_columns(), ""),
+    };
     format!(
         "SELECT {}, {}, \
          (SELECT COUNT(*) FROM suppressed_recipients s WHERE s.customer_id = c.id AND s.phone = $3) AS suppressed, \
@@ -156,14 +168,12 @@ fn send_context_sql(instance_match: &str, order: &str) -> String {
          k.sent_total AS to_recipient_total, k.replies_total AS replies, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $8 || i.id AND u.window_start = $4) AS new_today, \
          (SELECT u.count FROM usage_counters u WHERE u.scope = $6 || i.id AND u.window_start = $4) AS sent_today, \
-         (SELECT a.revoked_at FROM api_keys a WHERE a.id = $10) AS key_revoked_at, {} \
+         (SELECT a.revoked_at FROM api_keys a WHERE a.id = $10) AS key_revoked_at, {key_cols} \
          FROM customers c LEFT JOIN instances i ON i.customer_id = c.id AND {instance_match} \
-         LEFT JOIN contacts k ON k.instance_id = i.id AND k.phone = $3 \
-         LEFT JOIN idempotency_keys ik ON ik.idem_key = $11 AND ik.customer_id = c.id AND ik.expires_at > $12 \
+         LEFT JOIN contacts k ON k.instance_id = i.id AND k.phone = $3 {key_join} \
          WHERE c.id = $1 {order} LIMIT 1",
         customer_cols.join(", "),
         instance_cols.join(", "),
-        KeySnapshot::joined_columns("ik"),
     )
 }
 
@@ -437,7 +447,7 @@ impl Store {
         const HOUR_MS: i64 = 3_600_000;
         let cached = self.cache.instance_id(customer_id, instance_ref);
         let generation = self.cache.generation();
-        let params = vec![
+        let mut params = vec![
             SqlValue::Text(customer_id.to_string()),
             SqlValue::Text(cached.clone().unwrap_or_else(|| instance_ref.to_string())),
             SqlValue::Text(phone.to_string()),
@@ -448,13 +458,15 @@ impl Store {
             SqlValue::Text(PacingScopes::NEW_RECIPIENT_DAY.to_string()),
             SqlValue::Integer(now - now.rem_euclid(HOUR_MS)),
             api_key_id.map_or(SqlValue::Null, |k| SqlValue::Text(k.to_string())),
-            idem_key.map_or(SqlValue::Null, |k| SqlValue::Text(k.to_string())),
-            SqlValue::Integer(now),
         ];
+        if let Some(idem_key) = idem_key {
+            params.extend([SqlValue::Text(idem_key.to_string()), SqlValue::Integer(now)]);
+        }
+        let keyed = usize::from(idem_key.is_some());
         let missing = || StoreError::NotFound(format!("customer {customer_id}"));
         let mut context: Option<SendContext> = None;
         if cached.is_some() {
-            context = Some(self.read_one(&SEND_FRESH_SQL, params.clone()).await?.ok_or_else(missing)?);
+            context = Some(self.read_one(&SEND_FRESH_SQL[keyed], params.clone()).await?.ok_or_else(missing)?);
         }
         // Not cached, or the cached id is gone (the instance was removed meanwhile):
         // resolve the id or name as the request gave it.
@@ -462,7 +474,7 @@ impl Store {
         if !resolved {
             let mut params = params;
             params[1] = SqlValue::Text(instance_ref.to_string());
-            context = Some(self.read_one(&SEND_CONTEXT_SQL, params).await?.ok_or_else(missing)?);
+            context = Some(self.read_one(&SEND_CONTEXT_SQL[keyed], params).await?.ok_or_else(missing)?);
         }
         let context = context.ok_or_else(missing)?;
         if !resolved && let Some(instance) = &context.instance {

@@ -185,6 +185,12 @@ impl KeySnapshot {
         columns.map(|(c, name)| format!("{table}.{c} AS {name}")).collect::<Vec<_>>().join(", ")
     }
 
+    /// `joined_columns` for a read that joins no key's row: the one column
+    /// `from_joined` reads first, always NULL.
+    pub(super) fn no_joined_columns() -> String {
+        format!("CAST(NULL AS TEXT) AS {}", JOINED[0])
+    }
+
     /// From the columns `joined_columns` names (`ik_request_hash` is NULL when the join
     /// found no row).
     pub(super) fn from_joined(r: &impl Cols) -> Result<KeySnapshot, StoreError> {
