@@ -154,6 +154,20 @@ mod tests {
         );
     }
 
+    /// The timestamp header is read as HTTP gives it, without surrounding whitespace:
+    /// the signature is over the number it names, as the gateway signed it (fuzzing found
+    /// a padded header verified, which is right; `fuzz/corpus/webhook_signature/padded`).
+    #[test]
+    fn a_padded_timestamp_is_the_number_it_names() {
+        let body = br#"{"event":"message.sent"}"#;
+        let t = Duration::from_secs(300);
+        let signed = "sha256=".to_string() + &sign_for_tests("whsec_a", "1800000000", body);
+        assert_eq!(verify_signature_at("whsec_a", " 1800000000 ", body, &signed, t, at(1_800_000_000)), Ok(()));
+        let padded = "sha256=".to_string() + &sign_for_tests("whsec_a", " 1800000000", body);
+        let refused = verify_signature_at("whsec_a", " 1800000000", body, &padded, t, at(1_800_000_000));
+        assert_eq!(refused, Err(SignatureError::Mismatch));
+    }
+
     #[test]
     fn matches_an_independent_hmac() {
         // python3 -c 'import hmac,hashlib; print(hmac.new(b"whsec_test", b"1700000000.{}", hashlib.sha256).hexdigest())'

@@ -20,7 +20,8 @@ fuzz_target!(|data: &[u8]| {
         now,
     );
     if verified.is_ok() {
-        let expected = gateway_client::sign_for_tests("whsec_fuzz", timestamp, body.as_bytes());
+        // Over the number the timestamp names: the header without surrounding whitespace.
+        let expected = gateway_client::sign_for_tests("whsec_fuzz", timestamp.trim(), body.as_bytes());
         // Hex is read in either case.
         assert!(header.to_ascii_lowercase().contains(&expected), "verified without the signature");
     }
