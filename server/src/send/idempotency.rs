@@ -9,11 +9,11 @@
 //! write of its own; its final answer is kept with its log row (see `store::attempts`).
 //! Another request with the same key and the same body gets that answer again and sends
 //! nothing; with another body it is refused (`idempotency_key_reused`); while the first
-//! runs it is told to wait (`idempotency_request_in_progress`). A first request whose process died is
-//! resolved with its attempt as soon as that process's lease has lapsed (a few seconds,
-//! whatever the provider timeout; see `store::leases`): before the provider call the
-//! key is free again; after it, the retry settles the orphan and gets the answer of an
-//! unknown outcome.
+//! runs it is told to wait (`idempotency_request_in_progress`). A first request whose
+//! process died is resolved with its attempt as soon as that process's lease has lapsed
+//! (a few seconds, whatever the provider timeout; see `store::leases`): before the
+//! provider call the key is free again; after it, the retry settles the orphan and gets
+//! the answer of an unknown outcome.
 
 use crate::store::{Answer, Claim, IdemOwner, KeySnapshot, Store, StoreError, now_ms};
 use gateway_api::SendMessageRequest;

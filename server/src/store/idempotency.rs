@@ -194,17 +194,10 @@ impl KeySnapshot {
     /// From the columns `joined_columns` names (`ik_request_hash` is NULL when the join
     /// found no row).
     pub(super) fn from_joined(r: &impl Cols) -> Result<KeySnapshot, StoreError> {
-        let [request_hash, lease_until, log_id, response_status, response_body, created_at, owner_lease] = JOINED;
-        let Some(request_hash) = r.col::<Option<String>>(request_hash)? else { return Ok(KeySnapshot(None)) };
-        Ok(KeySnapshot(Some(KeyRow {
-            request_hash,
-            lease_until: r.col(lease_until)?,
-            log_id: r.col(log_id)?,
-            response_status: r.col(response_status)?,
-            response_body: r.col(response_body)?,
-            created_at: r.col(created_at)?,
-            owner_lease: r.col(owner_lease)?,
-        })))
+        if r.col::<Option<String>>(JOINED[0])?.is_none() {
+            return Ok(KeySnapshot(None));
+        }
+        Ok(KeySnapshot(Some(KeyRow::read(r, &JOINED)?)))
     }
 }
 
@@ -234,17 +227,25 @@ struct KeyRow {
     owner_lease: Option<i64>,
 }
 
+impl KeyRow {
+    /// The row from the columns `names` gives in `KEY_COLUMNS`' order.
+    fn read(r: &impl Cols, names: &[&str; 7]) -> Result<KeyRow, StoreError> {
+        let [request_hash, lease_until, log_id, response_status, response_body, created_at, owner_lease] = *names;
+        Ok(KeyRow {
+            request_hash: r.col(request_hash)?,
+            lease_until: r.col(lease_until)?,
+            log_id: r.col(log_id)?,
+            response_status: r.col(response_status)?,
+            response_body: r.col(response_body)?,
+            created_at: r.col(created_at)?,
+            owner_lease: r.col(owner_lease)?,
+        })
+    }
+}
+
 impl FromCols for KeyRow {
     fn from_cols(r: &impl Cols) -> Result<KeyRow, StoreError> {
-        Ok(KeyRow {
-            request_hash: r.col("request_hash")?,
-            lease_until: r.col("lease_until")?,
-            log_id: r.col("log_id")?,
-            response_status: r.col("response_status")?,
-            response_body: r.col("response_body")?,
-            created_at: r.col("created_at")?,
-            owner_lease: r.col("owner_lease")?,
-        })
+        KeyRow::read(r, &KEY_COLUMNS)
     }
 }
 
