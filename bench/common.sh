@@ -40,3 +40,16 @@ each_store() { # file_stem sqlite_port postgres_port
     esac
   done
 }
+
+# CPU time (user and system, in clock ticks) of process $1, and of every PostgreSQL
+# server process (0 where there are none); per_request TICKS REQ_PER_S gives µs a request
+# over a run of DURATION seconds.
+cpu_ticks() { awk '{print $14 + $15}' /proc/$1/stat; }
+pg_ticks() {
+  local total=0 f
+  for f in /proc/[0-9]*/stat; do
+    [ "$(awk '{print $2}' "$f" 2>/dev/null)" = "(postgres)" ] && total=$((total + $(awk '{print $14 + $15}' "$f" 2>/dev/null || echo 0)))
+  done
+  echo $total
+}
+per_request() { python3 -c "print(round($1 / $(getconf CLK_TCK) / ($2 * $DURATION) * 1e6))"; }

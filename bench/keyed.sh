@@ -45,16 +45,6 @@ one() { # store script port -> prints req/s
   # req/s, and the gateway's and PostgreSQL's CPU time (user and system) per request in µs
   echo "$rps $(per_request $((t1 - t0)) "$rps") $(per_request $((p1 - p0)) "$rps")"
 }
-cpu_ticks() { awk '{print $14 + $15}' /proc/$1/stat; }
-# The CPU ticks of every PostgreSQL server process (0 where there are none).
-pg_ticks() {
-  local total=0 f
-  for f in /proc/[0-9]*/stat; do
-    [ "$(awk '{print $2}' "$f" 2>/dev/null)" = "(postgres)" ] && total=$((total + $(awk '{print $14 + $15}' "$f" 2>/dev/null || echo 0)))
-  done
-  echo $total
-}
-per_request() { python3 -c "print(round($1 / $(getconf CLK_TCK) / ($2 * $DURATION) * 1e6))"; }
 wait_jobs_but() { local j; for j in $(jobs -p); do [ "$j" = "$1" ] || wait "$j" 2>/dev/null || true; done; }
 
 for store in $STORES; do

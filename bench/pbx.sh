@@ -4,7 +4,12 @@
 # the bare Dropshot JSON echo of bench/run.sh, in the same run.
 #
 #   bench/pbx.sh            # needs wrk (apt-get install wrk) and python3
+#   GW_BIN=/tmp/gateway-base STORES=postgres ROUNDS=3 bench/pbx.sh
 #
+# GW_BIN: the gateway binary to measure (default: this checkout's release build);
+# STORES (default both) and ROUNDS runs of each. Each run also prints the gateway's CPU
+# time (user and system, /proc) per request, and on PostgreSQL that of the database's
+# server processes.
 # wrk, 1 thread, 32 connections, DURATION seconds (closed loop). The requests are
 # signed beforehand by python3 (hmac, hashlib) with fresh timestamps, one distinct body
 # each, so the server does its full work for every one: integration lookup, secret,
@@ -14,7 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 COUNT=${COUNT:-600000}
+ROUNDS=${ROUNDS:-1}
+STORES=${STORES:-sqlite postgres}
 . bench/common.sh
+GW=${GW_BIN:-$BIN/gateway}
 
 
 echo "### echo (bare Dropshot JSON POST)"
@@ -31,15 +39,15 @@ kill %1; wait %1 2>/dev/null || true
 run_gateway() { # name database_url port
   local name=$1 db=$2 port=$3
   local out cus pbx
-  out=$("$BIN/gateway" --database-url "$db" demo)
+  out=$("$GW" --database-url "$db" demo)
   cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
-  "$BIN/gateway" --database-url "$db" customer modules --customer "$cus" --pbx on >/dev/null
-  pbx=$("$BIN/gateway" --database-url "$db" pbx create --customer "$cus" --instance demo --hmac)
+  "$GW" --database-url "$db" customer modules --customer "$cus" --pbx on >/dev/null
+  pbx=$("$GW" --database-url "$db" pbx create --customer "$cus" --instance demo --hmac)
   local id secret key
   id=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["integration_id"])')
   secret=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["webhook_secret"])')
   key=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["hmac_secret"])')
-  "$BIN/gateway" --database-url "$db" pbx set --integration "$id" --rate-per-minute 60000 \
+  "$GW" --database-url "$db" pbx set --integration "$id" --rate-per-minute 60000 \
     --burst 1000000000 >/dev/null
   python3 - "$work/requests.txt" "$key" "$COUNT" <<'PY'
 import hashlib, hmac, sys, time
@@ -51,15 +59,26 @@ with open(path, "w") as f:
         sig = hmac.new(key, (ts + "." + body).encode(), hashlib.sha256).hexdigest()
         f.write(f"{ts} {sig} {body}\n")
 PY
-  GATEWAY_LOG_FILE="$work/$name.log" "$BIN/gateway" --database-url "$db" serve --listen 127.0.0.1:$port &
+  GATEWAY_LOG_FILE="$work/$name.log" "$GW" --database-url "$db" serve --listen 127.0.0.1:$port &
+  local pid=$! out t0 t1 p0 p1 rps
   wait_port $port
   echo "### PBX signed test events, $name"
-  REQUESTS="$work/requests.txt" SECRET="$secret" INTEGRATION="$id" \
-    wrk -t1 -c32 -d${DURATION}s --latency -s bench/pbx.lua "http://127.0.0.1:$port" \
-    | grep -E "Requests/sec|^ +(50|99)%|Non-2xx|Socket errors"
-  kill %1; wait %1 2>/dev/null || true
+  t0=$(cpu_ticks $pid); p0=$(pg_ticks)
+  out=$(REQUESTS="$work/requests.txt" SECRET="$secret" INTEGRATION="$id" \
+    wrk -t1 -c32 -d${DURATION}s --latency -s bench/pbx.lua "http://127.0.0.1:$port")
+  t1=$(cpu_ticks $pid); p1=$(pg_ticks)
+  echo "$out" | grep -E "Requests/sec|^ +(50|99)%|Non-2xx|Socket errors"
+  rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  echo "  gateway CPU $(per_request $((t1 - t0)) "$rps") µs a request" \
+    "$([ "$name" = postgres ] && echo "; PostgreSQL CPU $(per_request $((p1 - p0)) "$rps") µs a request")"
+  kill $pid; wait $pid 2>/dev/null || true
 }
 
-run_gateway sqlite "sqlite://$work/bench.db?mode=rwc" 18082
-run_gateway postgres "$(pg_fresh)" 18083
-pg_drop
+for round in $(seq 1 "$ROUNDS"); do
+  for store in $STORES; do
+    case $store in
+      sqlite) rm -f "$work/bench.db"*; run_gateway sqlite "sqlite://$work/bench.db?mode=rwc" 18082 ;;
+      postgres) run_gateway postgres "$(pg_fresh)" 18083; pg_drop ;;
+    esac
+  done
+done

@@ -10,7 +10,7 @@ use gateway_server::Parts;
 use gateway_server::ops;
 use gateway_server::policy::{Context, Decision, PolicyEngine, Stage, StageOutcome};
 use gateway_server::provider::{OutboundMessage, Provider, ProviderError, ProviderReceipt, SendingInstance, Simulator};
-use gateway_server::store::{PbxSettingsUpdate, now_ms};
+use gateway_server::store::{PbxSettingsUpdate, Store, now_ms};
 use hmac::{Hmac, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
@@ -655,7 +655,7 @@ async fn a_repeated_external_message_id_gets_the_first_answer_and_sends_nothing(
 
 #[tokio::test]
 async fn an_external_message_id_orphaned_by_a_dead_process_gets_a_definite_answer_at_once() {
-    use gateway_server::store::{Began, Begin, IdemOwner, LogEntry, PbxEvent, Store};
+    use gateway_server::store::{Began, Begin, IdemOwner, LogEntry, PbxEvent};
     let (cx, provider) = recording_context("pbx_orphan").await;
     let pbx = integration(&cx, false).await;
     let past = now_ms() - 60_000;
@@ -816,5 +816,81 @@ async fn a_rotated_secret_replaces_the_old_one_at_once() {
     let stored = cx.store().pbx_integration(pbx.id).await.unwrap().unwrap();
     assert_ne!(stored.secret_hash, pbx.secret);
     assert!(pbx.secret.starts_with(&stored.secret_prefix));
+    cx.teardown().await;
+}
+
+#[tokio::test]
+async fn a_change_by_another_process_holds_for_the_next_event() {
+    // The webhook takes its integration from the cache; the admission checks it is
+    // unchanged. Another process (the CLI, a replica) changes the integration without
+    // touching this process's cache, so only that check can see it.
+    let cx = TestContext::new("pbx_cached").await;
+    let mut pbx = integration(&cx, true).await;
+    ok(event(&cx, &pbx, &json!({"event_type": "test", "queue": "0"})).await, "received");
+    let other = Store::connect(&cx.config.database_url, 2, None).await.unwrap();
+    let events = |cx: &TestContext| {
+        let store = cx.store().clone();
+        let id = pbx.id;
+        async move { store.recent_pbx_events(id, 100).await.unwrap().len() }
+    };
+    let logged = events(&cx).await;
+
+    // A rotated secret: the old one is refused at once, the new one works at once.
+    let rotated = ops::rotate_pbx_secret(&other, pbx.id, true).await.unwrap();
+    let old = std::mem::replace(&mut pbx.secret, rotated["webhook_secret"].as_str().unwrap().to_string());
+    let old_key = pbx.hmac.replace(rotated["hmac_secret"].as_str().unwrap().to_string());
+    let stale = Pbx { id: pbx.id, secret: old, hmac: old_key };
+    expect_raw(event(&cx, &stale, &json!({"event_type": "test", "queue": "1"})).await, 401, "invalid_pbx_webhook");
+    assert_eq!(events(&cx).await, logged, "a request checked against the old secret wrote nothing");
+    ok(event(&cx, &pbx, &json!({"event_type": "test", "queue": "2"})).await, "received");
+
+    // An allowlist that leaves the caller out, and then none again.
+    let only =
+        |list: Option<&str>| PbxSettingsUpdate { ip_allowlist: Some(list.map(str::to_string)), ..Default::default() };
+    ops::update_pbx(&other, pbx.id, &only(Some("192.0.2.7"))).await.unwrap();
+    expect_raw(event(&cx, &pbx, &json!({"event_type": "test", "queue": "3"})).await, 401, "invalid_pbx_webhook");
+    ops::update_pbx(&other, pbx.id, &only(None)).await.unwrap();
+    ok(event(&cx, &pbx, &json!({"event_type": "test", "queue": "4"})).await, "received");
+
+    // The customer's PBX module turned off, and on again.
+    other.set_modules(&cx.tenant.customer_id, None, Some(false)).await.unwrap();
+    expect_raw(event(&cx, &pbx, &json!({"event_type": "test", "queue": "5"})).await, 403, "module_not_enabled");
+    other.set_modules(&cx.tenant.customer_id, None, Some(true)).await.unwrap();
+    ok(event(&cx, &pbx, &json!({"event_type": "test", "queue": "6"})).await, "received");
+
+    // The limit lowered to one a minute with no burst: of the next two events, the
+    // second is limited at once (the first too, if the earlier ones left no room). With
+    // the cached limit (60 a minute, a burst of 20) both would pass.
+    let update = PbxSettingsUpdate { rate_per_minute: Some(Some(1)), burst: Some(Some(1)), ..Default::default() };
+    ops::update_pbx(&other, pbx.id, &update).await.unwrap();
+    let first = event(&cx, &pbx, &json!({"event_type": "test", "queue": "7"})).await.0;
+    let second = event(&cx, &pbx, &json!({"event_type": "test", "queue": "8"})).await;
+    assert!(first == 200 || first == 429, "{first}");
+    expect_raw(second, 429, "webhook_rate_limited");
+    other.close().await;
+    cx.teardown().await;
+}
+
+#[tokio::test]
+async fn an_admission_against_a_changed_integration_writes_nothing() {
+    use gateway_server::store::{Admission, PbxAdmit};
+    let cx = TestContext::new("pbx_stale_admit").await;
+    let pbx = integration(&cx, true).await;
+    let used = cx.store().pbx_integration(pbx.id).await.unwrap().unwrap();
+    let admit = |used| PbxAdmit {
+        integration_id: pbx.id,
+        used,
+        signature: Some("ab".repeat(32)),
+        signature_ts: now_s(),
+        rate: None,
+        log: None,
+    };
+    let changed = gateway_server::store::PbxIntegration { business_name: Some("Other".into()), ..used.clone() };
+    assert_eq!(cx.store().pbx_admit(admit(changed)).await.unwrap(), Admission::Stale);
+    let off = gateway_server::store::PbxIntegration { module_pbx: false, ..used.clone() };
+    assert_eq!(cx.store().pbx_admit(admit(off)).await.unwrap(), Admission::Stale);
+    // The stale admissions did not remember the signature: it is admitted once, then a replay.
+    assert!(matches!(cx.store().pbx_admit(admit(used.clone())).await.unwrap(), Admission::Admitted { .. }));
+    assert_eq!(cx.store().pbx_admit(admit(used)).await.unwrap(), Admission::Replayed);
     cx.teardown().await;
 }

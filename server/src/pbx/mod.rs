@@ -9,13 +9,15 @@
 //! must be stored: remember the signature (a replay is the 401 of the auth step even
 //! if the body is also bad), take the rate-limit token (only for a request that got
 //! that far), and log an event whose answer is already known. One write per request,
-//! batched with the others by the store's writer.
+//! batched with the others by the store's writer, and no read: the integration comes
+//! from the cache, and the admission checks it is unchanged (`admission`).
 //!
 //! Actions that send go through the send pipeline with source `pbx` (plan, module,
 //! pause, purpose, suppression, content policy, velocity, quota, provider), after the
 //! optional strict conversation window, the idempotency claim of
 //! `external_message_id` and, for templated messages, the cooldown.
 
+mod admission;
 pub mod auth;
 pub mod template;
 
@@ -23,11 +25,11 @@ use crate::config::PbxSettings;
 use crate::phone;
 use crate::provider::ProviderError;
 use crate::send::{SendError, SendInput, Sender};
-use crate::store::{Admission, Claim, IdemOwner, PbxAdmit, PbxEvent, PbxIntegration, RateCheck, Store, now_ms};
-use auth::AuthFailure;
+use crate::store::{Claim, IdemOwner, PbxEvent, PbxIntegration, RateCheck, Store, now_ms};
+use admission::{Admitted, Phase};
 use gateway_api::{ApiError, ErrorBody, MessagePurpose, PbxEventType, PbxWebhookRequest, PbxWebhookResponse};
 use http::HeaderMap;
-use slog::{Logger, debug, error, info, warn};
+use slog::{Logger, error, info, warn};
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -119,74 +121,15 @@ impl Webhook<'_> {
     /// Handles one authenticated-or-not request to the end.
     pub async fn handle(&self, req: &WebhookRequest<'_>) -> Result<PbxWebhookResponse, ApiError> {
         let now = now_ms();
-        let (integration, signature) = match self.authenticate(req, now).await? {
-            Ok(found) => found,
-            Err(cause) => return Err(self.refuse(req, cause)),
-        };
-        let log = self.log.new(slog::o!("integration_id" => integration.id,
-                                         "customer_id" => integration.customer_id.clone()));
-        let parsed = gateway_api::parse_json::<PbxWebhookRequest>(req.body).map_err(as_payload_error);
-        let event_name = match &parsed {
-            Ok(r) => r.event_type.as_deref().map_or("(missing)", |t| t).chars().take(40).collect(),
-            Err(_) => "(unreadable)".to_string(),
-        };
-        let planned = match parsed {
-            Ok(request) => self.plan(&integration, &request).await,
-            Err(e) => Err(e),
-        };
-        let base = PbxEvent {
-            integration_id: integration.id,
-            customer_id: integration.customer_id.clone(),
-            event_type: event_name.clone(),
-            created_at: now,
-            ..PbxEvent::default()
-        };
-        let mut admit = PbxAdmit {
-            integration_id: integration.id,
-            signature: signature.as_ref().map(|(s, _)| s.clone()),
-            signature_ts: signature.as_ref().map_or(0, |(_, ts)| *ts),
-            rate: None,
-            log: None,
-        };
-        let plan = match planned {
-            Err(e) => {
-                admit.log = Some(outcome_row(&base, "refused", Err(&e)));
-                if self.store.pbx_admit(admit).await? == Admission::Replayed {
-                    return Err(self.refuse(req, AuthFailure::ReplayedSignature));
-                }
-                info!(log, "pbx event refused"; "event_type" => &event_name, "error" => e.code);
-                return Err(e);
+        let mut tries = 0;
+        let Admitted { integration, log, event_name, base, outgoing } = loop {
+            tries += 1;
+            match self.admit(req, now, tries > 1).await? {
+                Phase::Done(answer) => return answer,
+                Phase::Send(admitted) => break *admitted,
+                Phase::Stale if tries < admission::TRIES => {}
+                Phase::Stale => return Err(admission::changed_meanwhile()),
             }
-            Ok(plan) => plan,
-        };
-        admit.rate = Some(self.rate_check(&integration));
-        let response = |action: &str, message_id: Option<String>| PbxWebhookResponse {
-            success: true,
-            status: "processed".into(),
-            event_type: event_name.clone(),
-            action: action.into(),
-            message_id,
-        };
-        if let Plan::Respond(action) = &plan {
-            admit.log = Some(outcome_row(&base, action, Ok(&response(action, None))));
-        }
-        match self.store.pbx_admit(admit).await? {
-            Admission::Replayed => return Err(self.refuse(req, AuthFailure::ReplayedSignature)),
-            Admission::Admitted { rate_limited_for_ms: Some(ms), .. } => {
-                let retry_after_seconds = (ms.max(1) + 999) / 1000;
-                info!(log, "pbx event rate limited"; "event_type" => &event_name, "retry_after_seconds" => retry_after_seconds);
-                return Err(ApiError::new(429, "webhook_rate_limited", "too many PBX webhook requests")
-                    .with_detail("retry_after_seconds", retry_after_seconds));
-            }
-            Admission::Admitted { .. } => {}
-        }
-        let outgoing = match plan {
-            Plan::Respond(action) => {
-                // The event's row in pbx_events is its record; Dropshot logs the request.
-                debug!(log, "pbx event"; "event_type" => &event_name, "action" => action);
-                return Ok(response(action, None));
-            }
-            Plan::Send(outgoing) => outgoing,
         };
         let (claim, attempt_key) = match &outgoing.external_id {
             None => (None, None),
@@ -210,7 +153,7 @@ impl Webhook<'_> {
             }
         };
         let result = self.send(&integration, &event_name, &outgoing, attempt_key, now, &log).await;
-        let result = result.map(|(action, message_id)| response(action, message_id));
+        let result = result.map(|(action, message_id)| processed(&event_name, action, message_id));
         let row = PbxEvent {
             phone: Some(outgoing.phone.clone()),
             external_message_id: outgoing.external_id.clone(),
@@ -234,45 +177,6 @@ impl Webhook<'_> {
             Err(e) => info!(log, "pbx event refused"; "event_type" => &event_name, "error" => e.code),
         }
         result
-    }
-
-    /// The integration and, with HMAC on, the verified signature and its timestamp; or
-    /// why not.
-    async fn authenticate(
-        &self,
-        req: &WebhookRequest<'_>,
-        now: i64,
-    ) -> Result<Result<(PbxIntegration, Option<(String, i64)>), AuthFailure>, ApiError> {
-        let id = req.integration_id;
-        if id.is_empty() || id.len() > 18 || !id.bytes().all(|b| b.is_ascii_digit()) {
-            return Ok(Err(AuthFailure::MalformedId));
-        }
-        let id: i64 = id.parse().map_err(|_| ApiError::internal("digits that do not parse"))?;
-        let Some(integration) = self.store.pbx_integration(id).await? else {
-            return Ok(Err(AuthFailure::UnknownIntegration));
-        };
-        if !auth::allowed(integration.ip_allowlist.as_deref(), req.remote) {
-            return Ok(Err(AuthFailure::AddressNotAllowed));
-        }
-        if let Err(cause) = auth::check_secret(req.headers, &integration.secret_hash) {
-            return Ok(Err(cause));
-        }
-        let signature = match &integration.hmac_secret {
-            None => None,
-            Some(key) => match auth::check_signature(req.headers, key, req.body, now.div_euclid(1000)) {
-                Ok(signature) => Some(signature),
-                Err(cause) => return Ok(Err(cause)),
-            },
-        };
-        Ok(Ok((integration, signature)))
-    }
-
-    /// Logs why (the caller only learns that it failed) and answers the generic 401.
-    fn refuse(&self, req: &WebhookRequest<'_>, cause: AuthFailure) -> ApiError {
-        let id: String = req.integration_id.chars().take(24).collect();
-        warn!(self.log, "pbx webhook not authenticated"; "cause" => cause.as_str(), "integration_id" => id,
-              "remote" => %req.remote);
-        unauthorized()
     }
 
     /// Validates the event and decides what it asks for (payload 400, module 403).
@@ -547,6 +451,17 @@ fn as_payload_error(e: ApiError) -> ApiError {
 }
 
 /// The log row of an answered event.
+/// The answer to an event that was processed.
+fn processed(event_name: &str, action: &str, message_id: Option<String>) -> PbxWebhookResponse {
+    PbxWebhookResponse {
+        success: true,
+        status: "processed".into(),
+        event_type: event_name.to_string(),
+        action: action.into(),
+        message_id,
+    }
+}
+
 fn outcome_row(base: &PbxEvent, action: &str, result: Result<&PbxWebhookResponse, &ApiError>) -> PbxEvent {
     match result {
         Ok(r) => PbxEvent {

@@ -1,7 +1,9 @@
 //! The send path's lookups that rarely change, held in memory per replica: API keys by
-//! hash (known and unknown), and the id of a customer's instance by the id or name a
-//! request gave. An unkeyed send skips the API-key read, and its one query reads the
-//! customer and instance by primary key.
+//! hash (known and unknown), the id of a customer's instance by the id or name a
+//! request gave, and PBX integrations by id. An unkeyed send skips the API-key read,
+//! and its one query reads the customer and instance by primary key; a PBX event
+//! skips the integration's read, and its admission write checks that the integration
+//! is still as it was used (`store::pbx::admit`).
 //!
 //! The cache saves lookups; it never decides. The send's query reads the customer, the
 //! instance and the API key's revocation as stored now, so an action that stops
@@ -18,6 +20,7 @@
 //! older answer back (the generation check).
 
 use super::keys::ApiKeyRecord;
+use super::pbx::PbxIntegration;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +47,8 @@ pub(crate) struct Cache {
     keys: Mutex<HashMap<String, Entry<Option<ApiKeyRecord>>>>,
     /// Instance ids by (customer, id or name as the request gave it).
     contexts: Mutex<HashMap<ContextKey, Entry<String>>>,
+    /// PBX integrations by id, as last read (only found ones: an unknown id is read).
+    integrations: Mutex<HashMap<i64, Entry<PbxIntegration>>>,
     /// Bumped by every eviction; a read inserts only if it did not move meanwhile.
     generation: AtomicU64,
 }
@@ -90,6 +95,23 @@ impl Cache {
         }
     }
 
+    /// The PBX integration `id`, if fresh.
+    pub(crate) fn integration(&self, id: i64) -> Option<PbxIntegration> {
+        fresh(self.integrations.lock().unwrap_or_else(|p| p.into_inner()).get(&id))
+    }
+
+    /// Keeps an integration as read; a stale one is only ever a read again, since the
+    /// admission write checks what was used and a refusal is read again.
+    pub(crate) fn put_integration(&self, integration: &PbxIntegration) {
+        let mut integrations = self.integrations.lock().unwrap_or_else(|p| p.into_inner());
+        put(&mut integrations, integration.id, integration.clone());
+    }
+
+    /// Forgets the integration `id`.
+    pub(crate) fn forget_integration(&self, id: i64) {
+        self.integrations.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+
     /// Forgets what a change announces: `api_keys` (by key hash), `customers` (by id)
     /// or `instances` (by customer id); anything else forgets everything.
     pub(crate) fn evict(&self, table: &str, key: &str) {
@@ -100,10 +122,15 @@ impl Cache {
             "api_keys" => {
                 keys.remove(key);
             }
-            "customers" | "instances" => contexts.retain(|(customer, _), _| customer != key),
+            "customers" | "instances" => {
+                contexts.retain(|(customer, _), _| customer != key);
+                let mut integrations = self.integrations.lock().unwrap_or_else(|p| p.into_inner());
+                integrations.retain(|_, e| e.value.customer_id != key);
+            }
             _ => {
                 keys.clear();
                 contexts.clear();
+                self.integrations.lock().unwrap_or_else(|p| p.into_inner()).clear();
             }
         }
     }

@@ -1,12 +1,19 @@
 //! The admission of a PBX webhook request as one write of the group-commit writer:
+//! the check that the integration is still as the request was authenticated against,
 //! the replay check of its signature, its GCRA rate limit, and, for an event that
 //! sends nothing, its log row. On SQLite the statements run in the writer's
-//! transaction; on PostgreSQL one call of `gateway_pbx_admit` (migration 0003) does the
-//! same.
+//! transaction; on PostgreSQL one call of `gateway_pbx_admit` (migrations 0003 and
+//! 0018) does the same.
+//!
+//! The first check is what lets the webhook take its integration from the cache
+//! (`store::cache`): a rotated secret, a new allowlist, a changed setting or a PBX
+//! module turned off is seen by the first admission that starts after the command
+//! returned, which then writes nothing and answers [`Admission::Stale`], and the
+//! request is checked again against the integration read anew.
 
 use super::super::writer::{PgAnswer, Postgres, Write, unexpected};
 use super::super::{Store, StoreError, bind_dollar, now_ms};
-use super::{INSERT_EVENT_SQL, PbxEvent, event_values};
+use super::{INSERT_EVENT_SQL, PbxEvent, PbxIntegration, event_values};
 use rusqlite::types::Value as SqlValue;
 
 /// One GCRA check: allowed when the theoretical arrival time is at most `tolerance_ms`
@@ -25,6 +32,10 @@ pub struct RateCheck {
 #[derive(Clone, Debug)]
 pub struct PbxAdmit {
     pub integration_id: i64,
+    /// The integration the request was checked against: the admission is
+    /// [`Admission::Stale`] unless its settings, secrets and the customer's PBX module
+    /// are still these.
+    pub used: PbxIntegration,
     /// A verified signature to remember (HMAC on), with the timestamp it signs (Unix
     /// seconds).
     pub signature: Option<String>,
@@ -39,6 +50,8 @@ pub struct PbxAdmit {
 /// What admission decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Admission {
+    /// The integration changed (or is gone) since it was read: nothing was written.
+    Stale,
     /// The signature was seen before inside the window.
     Replayed,
     Admitted {
@@ -58,6 +71,11 @@ const RATE_SQL: &str = "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($
 const SEEN_SQL: &str = "INSERT INTO pbx_seen_signatures (ts, integration_id, signature) \
      VALUES ($1, $2, $3) ON CONFLICT (ts, integration_id, signature) DO NOTHING";
 const TAT_SQL: &str = "SELECT tat FROM rate_limits WHERE key = $1";
+/// The integration as it was used: every column the webhook reads that can change.
+const UNCHANGED_SQL: &str = "SELECT 1 FROM pbx_integrations p JOIN customers c ON c.id = p.customer_id \
+     WHERE p.id = $1 AND p.secret_hash = $2 AND p.hmac_secret IS $3 AND p.ip_allowlist IS $4 \
+     AND p.rate_per_minute IS $5 AND p.burst IS $6 AND p.cooldown_seconds IS $7 \
+     AND p.strict_window_hours IS $8 AND p.business_name IS $9 AND (c.module_pbx <> 0) = $10";
 
 impl Store {
     /// Replay check, rate limit and (for an event that sends nothing) its log row, in
@@ -91,13 +109,23 @@ impl Write for PbxAdmit {
             .rate
             .as_ref()
             .map(|r| serde_json::json!({"key": r.key, "interval": r.interval_ms, "tolerance": r.tolerance_ms}));
-        let arg = serde_json::json!({"integration_id": a.integration_id, "signature": a.signature,
+        let u = &a.used;
+        let used = serde_json::json!({
+            "secret_hash": u.secret_hash, "hmac_secret": u.hmac_secret, "ip_allowlist": u.ip_allowlist,
+            "rate_per_minute": u.rate_per_minute, "burst": u.burst, "cooldown_seconds": u.cooldown_seconds,
+            "strict_window_hours": u.strict_window_hours, "business_name": u.business_name,
+            "module_pbx": i64::from(u.module_pbx),
+        });
+        let arg = serde_json::json!({"integration_id": a.integration_id, "used": used, "signature": a.signature,
                                "signature_ts": a.signature_ts, "rate": rate, "log": log});
         Postgres::Call { function: "gateway_pbx_admit", arg }
     }
 
     fn read_postgres(&self, answer: PgAnswer) -> Result<Admission, StoreError> {
         let PgAnswer::Value(r) = answer else { return Err(StoreError::Conflict("an admission had no answer".into())) };
+        if r["stale"] == true {
+            return Ok(Admission::Stale);
+        }
         if r["replay"] == true {
             return Ok(Admission::Replayed);
         }
@@ -109,6 +137,9 @@ impl Write for PbxAdmit {
 }
 
 fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admission, StoreError> {
+    if !unchanged(tx, a.integration_id, &a.used)? {
+        return Ok(Admission::Stale);
+    }
     if let Some(signature) = &a.signature {
         let mut stmt = tx.prepare_cached(SEEN_SQL)?;
         bind_dollar(
@@ -150,6 +181,29 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
         log_id = Some(insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?);
     }
     Ok(Admission::Admitted { rate_limited_for_ms, log_id })
+}
+
+/// Whether the integration `id` is still as `used`.
+fn unchanged(tx: &rusqlite::Transaction<'_>, id: i64, used: &PbxIntegration) -> Result<bool, StoreError> {
+    let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
+    let int = |n: Option<i64>| n.map_or(SqlValue::Null, SqlValue::Integer);
+    let mut stmt = tx.prepare_cached(UNCHANGED_SQL)?;
+    bind_dollar(
+        &mut stmt,
+        &[
+            SqlValue::Integer(id),
+            SqlValue::Text(used.secret_hash.clone()),
+            text(&used.hmac_secret),
+            text(&used.ip_allowlist),
+            int(used.rate_per_minute),
+            int(used.burst),
+            int(used.cooldown_seconds),
+            int(used.strict_window_hours),
+            text(&used.business_name),
+            SqlValue::Integer(i64::from(used.module_pbx)),
+        ],
+    )?;
+    Ok(stmt.raw_query().next()?.is_some())
 }
 
 /// The log row of an admitted event: as given, or `rate_limited` when the limit refused.

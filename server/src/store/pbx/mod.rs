@@ -191,9 +191,22 @@ impl Store {
         Ok(row.try_get("id")?)
     }
 
-    /// The integration `id` with its customer's PBX module flag.
+    /// The integration `id` with its customer's PBX module flag, as stored now (and
+    /// kept in the cache for the webhook).
     pub async fn pbx_integration(&self, id: i64) -> Result<Option<PbxIntegration>, StoreError> {
-        self.read_one(INTEGRATION_SQL, vec![SqlValue::Integer(id)]).await
+        let found: Option<PbxIntegration> = self.read_one(INTEGRATION_SQL, vec![SqlValue::Integer(id)]).await?;
+        match &found {
+            Some(integration) => self.cache.put_integration(integration),
+            None => self.cache.forget_integration(id),
+        }
+        Ok(found)
+    }
+
+    /// The integration `id` as read within `cache::TTL`, if this process has it. The
+    /// webhook may authenticate against it because its admission checks it is unchanged
+    /// (`PbxAdmit::used`) and a refusal is checked again against a fresh read.
+    pub fn cached_pbx_integration(&self, id: i64) -> Option<PbxIntegration> {
+        self.cache.integration(id)
     }
 
     /// Replaces the webhook secret, and the signing key when `hmac_secret` is given
@@ -216,6 +229,7 @@ impl Store {
         .bind(hmac_secret.flatten().map(str::to_string))
         .bind(id);
         self.update_one(update, Forget::Nothing, || format!("PBX integration {id}")).await?;
+        self.cache.forget_integration(id);
         Ok(())
     }
 
@@ -236,6 +250,7 @@ impl Store {
         .bind(id)
         .execute(&self.write)
         .await?;
+        self.cache.forget_integration(id);
         Ok(())
     }
 
