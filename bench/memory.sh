@@ -13,7 +13,7 @@ CONNS=${CONNS:-10000}
 label=$1; shift
 w=$(mktemp -d)
 db="sqlite://$w/g.db?mode=rwc"
-BIN=target/release/gateway
+BIN=${GW_BIN:-target/release/gateway}  # GW_BIN: another build to measure
 out=$($BIN --database-url "$db" demo)
 key=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"])')
 cus=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')

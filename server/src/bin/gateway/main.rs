@@ -22,6 +22,13 @@
 //! store itself: each runs an operation of `gateway_server::ops` (of `policy::tools`
 //! for the policy commands, of `dashboard::accounts` for new accounts and their links).
 
+/// jemalloc for the process's Rust allocations (SQLite's C code keeps the system's), chosen
+/// by measurement: send-message 0.97 to 1.23x glibc's malloc in eight pairs on both stores,
+/// and less CPU a send in seven of them (1 to 91 µs), for 41 MiB at rest against 36; mimalloc
+/// was as fast but held 55 to 63 MiB at rest (BENCHMARKS.md, issue 22, eleventh session).
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 mod customer;
 mod data;
 mod instance;
