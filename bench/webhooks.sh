@@ -5,6 +5,7 @@
 # time until none is left undelivered. On SQLite and on PostgreSQL, in the same run.
 #
 #   bench/webhooks.sh        # needs python3 and psql
+#   GW_BIN=/tmp/gateway-base bench/webhooks.sh    # another build, the same load
 #
 # The receiver is the bare Dropshot echo (server/examples/echo.rs) on loopback; the
 # endpoint signs (HMAC-SHA256) every delivery; every attempt is logged in the store.
@@ -13,6 +14,7 @@ cd "$(dirname "$0")/.."
 COUNT=${COUNT:-50000}
 CONCURRENCY=${CONCURRENCY:-64}
 . bench/common.sh
+GW=${GW_BIN:-$BIN/gateway}
 export GATEWAY_ALLOW_LOOPBACK_TARGETS=1
 
 
@@ -29,10 +31,10 @@ SELECT :customer, :instance, 'message.sent',
 run_case() { # name database_url port
   local name=$1 db=$2 port=$3
   local demo cus ins
-  demo=$("$BIN/gateway" --database-url "$db" demo)
+  demo=$("$GW" --database-url "$db" demo)
   cus=$(echo "$demo" | python3 -c 'import json,sys; print(json.load(sys.stdin)["customer_id"])')
   ins=$(echo "$demo" | python3 -c 'import json,sys; print(json.load(sys.stdin)["instance_id"])')
-  "$BIN/gateway" --database-url "$db" webhook set --instance "$ins" --url http://127.0.0.1:18081/echo \
+  "$GW" --database-url "$db" webhook set --instance "$ins" --url http://127.0.0.1:18081/echo \
     --events all >/dev/null
   local sql=${INSERT_SQL//:customer/\'$cus\'}
   sql=${sql//:instance/\'$ins\'}
@@ -45,7 +47,7 @@ run_case() { # name database_url port
   local start
   start=$(date +%s.%N)
   GATEWAY_LOG_FILE="$work/$name.log" GATEWAY_WEBHOOKS__CONCURRENCY=$CONCURRENCY GATEWAY_WEBHOOKS__POLL_INTERVAL_MS=10 \
-    "$BIN/gateway" --database-url "$db" serve --listen 127.0.0.1:$port &
+    "$GW" --database-url "$db" serve --listen 127.0.0.1:$port &
   local pid=$!
   python3 - "$name" "$db" "$work/bench.db" "$start" "$COUNT" <<'PY'
 import subprocess, sqlite3, sys, time
