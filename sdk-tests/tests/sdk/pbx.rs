@@ -878,8 +878,7 @@ async fn an_admission_against_a_changed_integration_writes_nothing() {
     let pbx = integration(&cx, true).await;
     let used = cx.store().pbx_integration(pbx.id).await.unwrap().unwrap();
     let admit = |used| PbxAdmit {
-        integration_id: pbx.id,
-        used,
+        used: std::sync::Arc::new(used),
         signature: Some("ab".repeat(32)),
         signature_ts: now_s(),
         rate: None,

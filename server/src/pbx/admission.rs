@@ -18,6 +18,7 @@ use super::{Outgoing, Plan, Webhook, WebhookRequest, as_payload_error, outcome_r
 use crate::store::{Admission, PbxAdmit, PbxEvent, PbxIntegration};
 use gateway_api::{ApiError, PbxWebhookRequest, PbxWebhookResponse};
 use slog::{Logger, debug, info, warn};
+use std::sync::Arc;
 
 /// How often a request is checked again when its integration changed meanwhile
 /// (each time against a fresh read) before it is answered 503.
@@ -35,7 +36,7 @@ pub(super) enum Phase {
 
 /// An admitted event that sends.
 pub(super) struct Admitted {
-    pub integration: PbxIntegration,
+    pub integration: Arc<PbxIntegration>,
     pub log: Logger,
     pub event_name: String,
     /// The event's log row as far as it is known.
@@ -51,7 +52,7 @@ pub(super) fn changed_meanwhile() -> ApiError {
 
 /// The integration a request was checked against, and its verified signature.
 struct Checked {
-    integration: PbxIntegration,
+    integration: Arc<PbxIntegration>,
     signature: Option<(String, i64)>,
 }
 
@@ -83,7 +84,6 @@ impl Webhook<'_> {
             ..PbxEvent::default()
         };
         let mut admit = PbxAdmit {
-            integration_id: integration.id,
             used: integration.clone(),
             signature: signature.as_ref().map(|(s, _)| s.clone()),
             signature_ts: signature.as_ref().map_or(0, |(_, ts)| *ts),
@@ -148,14 +148,8 @@ impl Webhook<'_> {
             return Ok(Err((AuthFailure::MalformedId, false)));
         }
         let id: i64 = id.parse().map_err(|_| ApiError::internal("digits that do not parse"))?;
-        let cached = if fresh { None } else { self.store.cached_pbx_integration(id) };
-        let from_cache = cached.is_some();
-        let integration = match cached {
-            Some(integration) => integration,
-            None => match self.store.pbx_integration(id).await? {
-                Some(integration) => integration,
-                None => return Ok(Err((AuthFailure::UnknownIntegration, false))),
-            },
+        let Some((integration, from_cache)) = self.store.pbx_integration_for_webhook(id, fresh).await? else {
+            return Ok(Err((AuthFailure::UnknownIntegration, false)));
         };
         let refused = |cause| Ok(Err((cause, from_cache)));
         if !auth::allowed(integration.ip_allowlist.as_deref(), req.remote) {
@@ -175,7 +169,7 @@ impl Webhook<'_> {
     }
 
     /// Logs why (the caller only learns that it failed) and answers the generic 401.
-    pub(super) fn refuse(&self, req: &WebhookRequest<'_>, cause: AuthFailure) -> ApiError {
+    fn refuse(&self, req: &WebhookRequest<'_>, cause: AuthFailure) -> ApiError {
         let id: String = req.integration_id.chars().take(24).collect();
         warn!(self.log, "pbx webhook not authenticated"; "cause" => cause.as_str(), "integration_id" => id,
               "remote" => %req.remote);

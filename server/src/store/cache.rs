@@ -22,8 +22,8 @@
 use super::keys::ApiKeyRecord;
 use super::pbx::PbxIntegration;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The longest an entry is used.
@@ -48,7 +48,7 @@ pub(crate) struct Cache {
     /// Instance ids by (customer, id or name as the request gave it).
     contexts: Mutex<HashMap<ContextKey, Entry<String>>>,
     /// PBX integrations by id, as last read (only found ones: an unknown id is read).
-    integrations: Mutex<HashMap<i64, Entry<PbxIntegration>>>,
+    integrations: Mutex<HashMap<i64, Entry<Arc<PbxIntegration>>>>,
     /// Bumped by every eviction; a read inserts only if it did not move meanwhile.
     generation: AtomicU64,
 }
@@ -96,15 +96,15 @@ impl Cache {
     }
 
     /// The PBX integration `id`, if fresh.
-    pub(crate) fn integration(&self, id: i64) -> Option<PbxIntegration> {
+    pub(crate) fn integration(&self, id: i64) -> Option<Arc<PbxIntegration>> {
         fresh(self.integrations.lock().unwrap_or_else(|p| p.into_inner()).get(&id))
     }
 
     /// Keeps an integration as read; a stale one is only ever a read again, since the
     /// admission write checks what was used and a refusal is read again.
-    pub(crate) fn put_integration(&self, integration: &PbxIntegration) {
+    pub(crate) fn put_integration(&self, integration: Arc<PbxIntegration>) {
         let mut integrations = self.integrations.lock().unwrap_or_else(|p| p.into_inner());
-        put(&mut integrations, integration.id, integration.clone());
+        put(&mut integrations, integration.id, integration);
     }
 
     /// Forgets the integration `id`.

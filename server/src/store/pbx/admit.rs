@@ -15,6 +15,7 @@ use super::super::writer::{PgAnswer, Postgres, Write, unexpected};
 use super::super::{Store, StoreError, bind_dollar, now_ms};
 use super::{INSERT_EVENT_SQL, PbxEvent, PbxIntegration, event_values};
 use rusqlite::types::Value as SqlValue;
+use std::sync::Arc;
 
 /// One GCRA check: allowed when the theoretical arrival time is at most `tolerance_ms`
 /// ahead of now; an allowed request moves it `interval_ms` on. "Now" is read where the
@@ -31,11 +32,10 @@ pub struct RateCheck {
 /// The admission write of a webhook request, in the order of the checks.
 #[derive(Clone, Debug)]
 pub struct PbxAdmit {
-    pub integration_id: i64,
     /// The integration the request was checked against: the admission is
     /// [`Admission::Stale`] unless its settings, secrets and the customer's PBX module
     /// are still these.
-    pub used: PbxIntegration,
+    pub used: Arc<PbxIntegration>,
     /// A verified signature to remember (HMAC on), with the timestamp it signs (Unix
     /// seconds).
     pub signature: Option<String>,
@@ -116,7 +116,7 @@ impl Write for PbxAdmit {
             "strict_window_hours": u.strict_window_hours, "business_name": u.business_name,
             "module_pbx": i64::from(u.module_pbx),
         });
-        let arg = serde_json::json!({"integration_id": a.integration_id, "used": used, "signature": a.signature,
+        let arg = serde_json::json!({"integration_id": u.id, "used": used, "signature": a.signature,
                                "signature_ts": a.signature_ts, "rate": rate, "log": log});
         Postgres::Call { function: "gateway_pbx_admit", arg }
     }
@@ -137,18 +137,14 @@ impl Write for PbxAdmit {
 }
 
 fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admission, StoreError> {
-    if !unchanged(tx, a.integration_id, &a.used)? {
+    if !unchanged(tx, &a.used)? {
         return Ok(Admission::Stale);
     }
     if let Some(signature) = &a.signature {
         let mut stmt = tx.prepare_cached(SEEN_SQL)?;
         bind_dollar(
             &mut stmt,
-            &[
-                SqlValue::Integer(a.signature_ts),
-                SqlValue::Integer(a.integration_id),
-                SqlValue::Text(signature.clone()),
-            ],
+            &[SqlValue::Integer(a.signature_ts), SqlValue::Integer(a.used.id), SqlValue::Text(signature.clone())],
         )?;
         if stmt.raw_execute()? == 0 {
             return Ok(Admission::Replayed);
@@ -183,15 +179,15 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
     Ok(Admission::Admitted { rate_limited_for_ms, log_id })
 }
 
-/// Whether the integration `id` is still as `used`.
-fn unchanged(tx: &rusqlite::Transaction<'_>, id: i64, used: &PbxIntegration) -> Result<bool, StoreError> {
+/// Whether the integration is still as `used`.
+fn unchanged(tx: &rusqlite::Transaction<'_>, used: &PbxIntegration) -> Result<bool, StoreError> {
     let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
     let int = |n: Option<i64>| n.map_or(SqlValue::Null, SqlValue::Integer);
     let mut stmt = tx.prepare_cached(UNCHANGED_SQL)?;
     bind_dollar(
         &mut stmt,
         &[
-            SqlValue::Integer(id),
+            SqlValue::Integer(used.id),
             SqlValue::Text(used.secret_hash.clone()),
             text(&used.hmac_secret),
             text(&used.ip_allowlist),

@@ -14,6 +14,7 @@ pub use admit::{Admission, PbxAdmit, RateCheck};
 use super::{Cols, Forget, FromCols, Store, StoreError, flag, now_ms};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
+use std::sync::Arc;
 
 /// An integration as the webhook needs it, with its customer's PBX module flag.
 #[derive(Clone, Debug)]
@@ -191,22 +192,34 @@ impl Store {
         Ok(row.try_get("id")?)
     }
 
-    /// The integration `id` with its customer's PBX module flag, as stored now (and
-    /// kept in the cache for the webhook).
+    /// The integration `id` with its customer's PBX module flag.
     pub async fn pbx_integration(&self, id: i64) -> Result<Option<PbxIntegration>, StoreError> {
-        let found: Option<PbxIntegration> = self.read_one(INTEGRATION_SQL, vec![SqlValue::Integer(id)]).await?;
-        match &found {
-            Some(integration) => self.cache.put_integration(integration),
-            None => self.cache.forget_integration(id),
-        }
-        Ok(found)
+        self.read_one(INTEGRATION_SQL, vec![SqlValue::Integer(id)]).await
     }
 
-    /// The integration `id` as read within `cache::TTL`, if this process has it. The
-    /// webhook may authenticate against it because its admission checks it is unchanged
-    /// (`PbxAdmit::used`) and a refusal is checked again against a fresh read.
-    pub fn cached_pbx_integration(&self, id: i64) -> Option<PbxIntegration> {
-        self.cache.integration(id)
+    /// The integration `id` for the webhook: as read within `cache::TTL` by this process
+    /// unless `fresh`, else read now (and kept). The webhook may authenticate against a
+    /// cached one because its admission checks it is unchanged (`PbxAdmit::used`) and a
+    /// refusal is checked again against a fresh read. The flag says it came from the cache.
+    pub async fn pbx_integration_for_webhook(
+        &self,
+        id: i64,
+        fresh: bool,
+    ) -> Result<Option<(Arc<PbxIntegration>, bool)>, StoreError> {
+        if !fresh && let Some(integration) = self.cache.integration(id) {
+            return Ok(Some((integration, true)));
+        }
+        match self.pbx_integration(id).await? {
+            Some(integration) => {
+                let integration = Arc::new(integration);
+                self.cache.put_integration(integration.clone());
+                Ok(Some((integration, false)))
+            }
+            None => {
+                self.cache.forget_integration(id);
+                Ok(None)
+            }
+        }
     }
 
     /// Replaces the webhook secret, and the signing key when `hmac_secret` is given
