@@ -502,3 +502,39 @@ async fn a_shutdown_finishes_or_gives_back_what_is_in_flight() {
     next.close().await.unwrap();
     cx.teardown().await;
 }
+
+#[tokio::test]
+async fn a_shutdown_gives_back_at_once_what_was_claimed_and_not_started() {
+    // Two slots, both held by hanging deliveries; the dispatcher has claimed the next
+    // events ahead of the slots. At shutdown those are given back with the ones in
+    // flight, so the next process delivers every event at once (their leases would
+    // run 35 s).
+    let cx = context("wh_claimed_ahead", |c| {
+        c.webhooks.dispatch = false;
+        c.webhooks.timeout_ms = 5_000;
+        c.webhooks.shutdown_grace_ms = 300;
+        c.webhooks.concurrency = 2;
+    })
+    .await;
+    let mut config = cx.config.clone();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.webhooks.dispatch = true;
+    let quiet = || slog::Logger::root(slog::Discard, slog::o!());
+    let receiver = Receiver::start().await;
+    receiver.script([Behaviour::Hang(Duration::from_secs(10)), Behaviour::Hang(Duration::from_secs(10))]);
+    endpoint(&cx, &receiver.url("/"), "all").await;
+    for i in 0..5 {
+        send(&cx, &format!("+1415555{:04}", 150 + i)).await;
+    }
+    let first = gateway_server::start_server(quiet(), &config).await.unwrap();
+    receiver.wait_for(2, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received().len(), 2, "no more requests in flight than slots");
+    first.close().await.unwrap();
+    let next = gateway_server::start_server(quiet(), &config).await.unwrap();
+    let got = receiver.wait_for(7, Duration::from_secs(3)).await;
+    let ids: std::collections::BTreeSet<_> = got.iter().map(|r| r.header("x-gateway-event-id").unwrap()).collect();
+    assert_eq!(ids.len(), 5, "every event, the two stopped ones twice");
+    next.close().await.unwrap();
+    cx.teardown().await;
+}

@@ -1,36 +1,35 @@
 //! Customer webhooks: the dispatcher that delivers the outbox, signed, retried, logged.
 //!
 //! Every event is written to the outbox in the transaction of the change that causes
-//! it, so nothing is lost between "stored" and "queued": there is no queue. Workers
-//! claim due rows with a lease ([`Store::claim_events`]), deliver each to its
-//! instance's endpoint, and record the attempt together with the event's next state
-//! ([`Store::finish_attempt`]). At least once: an event is retried until a 2xx or the
-//! end of the schedule; a crash after a delivery but before its record repeats it, and
-//! the stable `X-Gateway-Event-Id` lets the receiver drop the repeat.
+//! it, so nothing is lost between "stored" and "queued": there is no queue. The
+//! dispatcher (`dispatcher`) claims due rows with a lease ([`Store::claim_events`]),
+//! delivers each to its instance's endpoint, and records the attempt together with the
+//! event's next state ([`Store::finish_attempt`]). At least once: an event is retried
+//! until a 2xx or the end of the schedule; a crash after a delivery but before its
+//! record repeats it, and the stable `X-Gateway-Event-Id` lets the receiver drop the
+//! repeat.
 //!
-//! Policy (the defaults of `[webhooks]`): attempts after 0 s, 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h,
-//! each ±20 %; 15 s to answer; only 2xx is success; redirects are never followed; 410
-//! disables the endpoint; 429 and 503 honour `Retry-After` within [d, 2d]; an endpoint
-//! with only failures for 5 days is disabled (its owner sees why; an operator log line
-//! says so). Every connect goes through the SSRF guard (`net::ssrf`): the host is
-//! resolved by `net::guarded::GuardedResolver`, which refuses private, loopback, link-local, CGNAT,
+//! Policy (the defaults of `[webhooks]`): attempts after 0 s, 5 s, 5 min, 30 min, 2 h,
+//! 5 h, 10 h, 10 h, each ±20 %; 15 s to answer; 64 requests in flight per process; only
+//! 2xx is success; redirects are never followed; 410 disables the endpoint; 429 and 503
+//! honour `Retry-After` within [d, 2d]; an endpoint with only failures for 5 days is
+//! disabled (its owner sees why; an operator log line says so). Every connect goes
+//! through the SSRF guard (`net::ssrf`): the host is resolved by
+//! `net::guarded::GuardedResolver`, which refuses private, loopback, link-local, CGNAT,
 //! multicast, documentation and metadata addresses, and the client connects to the
 //! addresses it checked (no second lookup).
 
+mod dispatcher;
 pub mod schedule;
+
+pub use dispatcher::{Dispatcher, JOB};
 
 use crate::config::WebhookSettings;
 use crate::net::{guarded, ssrf};
 use crate::store::{ClaimedEvent, EndpointChange, EventState, Store, WebhookAttempt, WebhookEndpoint, now_ms};
-use crate::tasks::{Shutdown, Tasks};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use slog::{Logger, debug, error, info, warn};
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 
 /// How much of a response body the attempt log keeps.
 pub const RESPONSE_LOG_BYTES: usize = 4096;
@@ -95,12 +94,6 @@ impl Outcome {
 /// issue 22).
 pub type CheckedUrl = Result<url::Url, ssrf::SsrfError>;
 
-/// An instance's endpoint as one claim delivers to it: read once, its URL checked once.
-struct Destination {
-    endpoint: WebhookEndpoint,
-    url: CheckedUrl,
-}
-
 /// Posts `body` to `endpoint` with the gateway's headers; never follows a redirect.
 pub async fn post(
     client: &reqwest::Client,
@@ -115,7 +108,7 @@ pub async fn post(
 }
 
 /// [`post`] to the URL the guard already checked for `endpoint`.
-async fn post_checked(
+pub(crate) async fn post_checked(
     client: &reqwest::Client,
     endpoint: &WebhookEndpoint,
     url: &CheckedUrl,
@@ -196,233 +189,12 @@ fn describe(e: &reqwest::Error) -> String {
     text.chars().take(500).collect()
 }
 
-/// The dispatcher of one process.
-pub struct Dispatcher {
-    store: Store,
-    client: reqwest::Client,
-    settings: WebhookSettings,
-    allow_loopback: bool,
-    log: Logger,
-}
-
-/// The dispatcher's name in the server's task runner (`crate::tasks`), which stops it
-/// before the other jobs.
-pub const JOB: &str = "webhook dispatcher";
-
-impl Dispatcher {
-    pub fn new(store: Store, settings: WebhookSettings, allow_loopback: bool, log: Logger) -> Arc<Dispatcher> {
-        let client = http_client(&settings, allow_loopback);
-        Arc::new(Dispatcher { store, client, settings, allow_loopback, log })
-    }
-
-    /// Starts the claim loop as the job [`JOB`] of `tasks`. Told to stop, it stops
-    /// claiming, lets deliveries in flight finish within the grace period
-    /// (`shutdown_grace_ms`), and gives back the claims of those that did not.
-    pub fn spawn(self: Arc<Self>, tasks: &mut Tasks) {
-        tasks.spawn(JOB, move |stop| self.run(stop));
-    }
-
-    async fn run(self: Arc<Self>, mut stopped: Shutdown) {
-        let concurrency = self.settings.concurrency.max(1);
-        let permits = Arc::new(Semaphore::new(concurrency));
-        let mut in_flight: JoinSet<i64> = JoinSet::new();
-        let mut running: std::collections::HashSet<i64> = std::collections::HashSet::new();
-        let lease_ms = self.settings.timeout_ms as i64 + 30_000;
-        let poll = Duration::from_millis(self.settings.poll_interval_ms.max(10));
-        info!(self.log, "webhook dispatcher started"; "concurrency" => concurrency);
-        loop {
-            if stopped.is_stopping() {
-                break;
-            }
-            while let Some(done) = in_flight.try_join_next() {
-                if let Ok(id) = done {
-                    running.remove(&id);
-                }
-            }
-            let free = permits.available_permits();
-            // Claim in batches: while deliveries are in flight, wait until a quarter of
-            // the slots are free (one claim statement for many events, not one each).
-            if free == 0 || (free < concurrency.div_ceil(4) && !in_flight.is_empty()) {
-                tokio::select! {
-                    done = in_flight.join_next() => {
-                        if let Some(Ok(id)) = done {
-                            running.remove(&id);
-                        }
-                    }
-                    _ = stopped.stopped() => {}
-                }
-                continue;
-            }
-            let now = now_ms();
-            let claimed = match self.store.claim_events(now, now.saturating_add(lease_ms), free as i64).await {
-                Ok(claimed) => claimed,
-                Err(e) => {
-                    error!(self.log, "claiming webhook events failed"; "error" => %e);
-                    Vec::new()
-                }
-            };
-            if claimed.is_empty() {
-                tokio::select! {
-                    _ = tokio::time::sleep(poll) => {}
-                    _ = stopped.stopped() => {}
-                }
-                continue;
-            }
-            // Each instance's endpoint is read, and its URL checked, once per claim, for
-            // all its events.
-            let mut endpoints: HashMap<String, Result<Option<Arc<Destination>>, ()>> = HashMap::new();
-            for instance in claimed.iter().filter_map(|e| e.instance_id.as_deref()) {
-                if !endpoints.contains_key(instance) {
-                    let destination = self.store.webhook(instance).await.map_err(|e| {
-                        error!(self.log, "reading a webhook endpoint failed"; "instance_id" => instance, "error" => %e);
-                    });
-                    let destination = destination.map(|endpoint| {
-                        endpoint.map(|endpoint| {
-                            let url = guarded::check_url(&endpoint.url, self.allow_loopback);
-                            Arc::new(Destination { endpoint, url })
-                        })
-                    });
-                    endpoints.insert(instance.to_string(), destination);
-                }
-            }
-            // Events that need no delivery are done in one write for the whole claim,
-            // not one each (BENCHMARKS.md, issue 22).
-            let mut skipped = Vec::new();
-            for event in claimed {
-                let endpoint = match event.instance_id.as_deref().map(|i| endpoints[i].clone()) {
-                    Some(Ok(endpoint)) => endpoint,
-                    None => None,
-                    // The claim ends with its lease; the event is tried again then.
-                    Some(Err(())) => continue,
-                };
-                let destination = match target(endpoint, &event.event_type) {
-                    Ok(destination) => destination,
-                    Err(outcome) => {
-                        skipped.push((event.id, outcome));
-                        continue;
-                    }
-                };
-                let permit = permits.clone().acquire_owned().await.expect("the semaphore is never closed");
-                running.insert(event.id);
-                let this = self.clone();
-                in_flight.spawn(async move {
-                    let id = event.id;
-                    this.deliver(event, &destination).await;
-                    drop(permit);
-                    id
-                });
-            }
-            if let Err(e) = self.store.skip_events(&skipped).await {
-                // The claims end with their lease; the events are looked at again then.
-                error!(self.log, "recording skipped webhook events failed"; "events" => skipped.len(), "error" => %e);
-            }
-        }
-        // Graceful shutdown: finish what is in flight, within the grace period.
-        let grace = Duration::from_millis(self.settings.shutdown_grace_ms);
-        let finished = tokio::time::timeout(grace, async {
-            while let Some(done) = in_flight.join_next().await {
-                if let Ok(id) = done {
-                    running.remove(&id);
-                }
-            }
-        })
-        .await;
-        if finished.is_err() {
-            in_flight.abort_all();
-            while in_flight.join_next().await.is_some() {}
-            let ids: Vec<i64> = running.into_iter().collect();
-            // Given back at once; if this fails too, the claims end with their lease.
-            let released = self.store.release_events(&ids).await;
-            warn!(self.log, "webhook deliveries still running at shutdown were stopped and given back";
-                  "events" => ids.len(), "released" => released.is_ok());
-        }
-        info!(self.log, "webhook dispatcher stopped");
-    }
-
-    /// Delivers one claimed event (scheduled attempt) to its instance's endpoint and
-    /// records the result.
-    async fn deliver(&self, event: ClaimedEvent, destination: &Destination) {
-        if let Err(e) = self.deliver_inner(&event, destination).await {
-            // The claim ends with its lease; the event is tried again then.
-            error!(self.log, "recording a webhook attempt failed"; "event_id" => event.id, "error" => %e);
-        }
-    }
-
-    async fn deliver_inner(
-        &self,
-        event: &ClaimedEvent,
-        Destination { endpoint, url }: &Destination,
-    ) -> Result<(), crate::store::StoreError> {
-        let attempt_number = event.attempts + 1;
-        let result =
-            post_checked(&self.client, endpoint, url, &event.event_type, &event_id(event.id), event.payload.as_bytes())
-                .await;
-        let now = now_ms();
-        let succeeded = result.succeeded();
-        let outcome = match result.status {
-            _ if succeeded => "delivered",
-            Some(410) => "gone",
-            Some(_) => "rejected",
-            None => "error",
-        };
-        crate::metrics::get().webhook_attempts.with_label_values(&[outcome]).inc();
-        let disable_after_ms = crate::bounds::hours_ms(self.settings.disable_after_hours.max(0));
-        let (state, change) = if succeeded {
-            (EventState::Done("delivered"), EndpointChange::Succeeded)
-        } else if result.status == Some(410) {
-            (EventState::Done("gone"), EndpointChange::Disable("the endpoint answered 410 Gone".into()))
-        } else {
-            let next = schedule::next_delay(
-                &self.settings.schedule_ms,
-                attempt_number as usize,
-                self.settings.jitter,
-                rand::random::<f64>() * 2.0 - 1.0,
-                result.retry_after.filter(|_| matches!(result.status, Some(429 | 503))),
-            );
-            let state = match next {
-                Some(delay) => {
-                    EventState::Retry { at: now.saturating_add(i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)) }
-                }
-                None => EventState::Done("failed"),
-            };
-            let failing_for = endpoint.failing_since.map(|since| now - since);
-            let change = match failing_for {
-                Some(ms) if ms >= disable_after_ms => EndpointChange::Disable(format!(
-                    "every delivery failed for {} hours",
-                    self.settings.disable_after_hours
-                )),
-                _ => EndpointChange::Failed,
-            };
-            (state, change)
-        };
-        if let EndpointChange::Disable(reason) = &change {
-            warn!(self.log, "webhook endpoint disabled"; "instance_id" => &endpoint.instance_id,
-                  "customer_id" => &endpoint.customer_id, "reason" => reason);
-        }
-        debug!(self.log, "webhook attempt"; "event_id" => event.id, "status" => result.status,
-               "succeeded" => succeeded, "latency_ms" => result.latency_ms);
-        let attempt = attempt_row(event, endpoint, "scheduled", attempt_number, &result);
-        self.store.finish_attempt(Some(event.id), Some(&attempt), state, change).await
-    }
-}
-
-/// The endpoint an event goes to, or the outcome it is done with undelivered: no
-/// endpoint, a disabled one, or one that did not select the event's type.
-fn target(destination: Option<Arc<Destination>>, event_type: &str) -> Result<Arc<Destination>, &'static str> {
-    match destination {
-        None => Err("skipped_no_endpoint"),
-        Some(d) if d.endpoint.disabled_at.is_some() => Err("skipped_disabled"),
-        Some(d) if !d.endpoint.wants(event_type) => Err("skipped_not_subscribed"),
-        Some(d) => Ok(d),
-    }
-}
-
 /// The stable id of an event, the same on every attempt (`X-Gateway-Event-Id`).
 pub fn event_id(outbox_id: i64) -> String {
     format!("evt_{outbox_id}")
 }
 
-fn attempt_row(
+pub(crate) fn attempt_row(
     event: &ClaimedEvent,
     endpoint: &WebhookEndpoint,
     trigger: &str,
