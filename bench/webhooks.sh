@@ -2,7 +2,9 @@
 # Webhook delivery throughput: COUNT events already in the outbox (written straight
 # into the table, as the send path would have), then a gateway starts and delivers them
 # to a local receiver that answers 200 at once; deliveries per second = COUNT / the
-# time until none is left undelivered. On SQLite and on PostgreSQL, in the same run.
+# time until none is left undelivered (and, beside it, the rate between the first and
+# the last attempt, which leaves the process's start out). On SQLite and on PostgreSQL,
+# in the same run.
 #
 #   bench/webhooks.sh        # needs python3 and psql
 #   GW_BIN=/tmp/gateway-base bench/webhooks.sh    # another build, the same load
@@ -64,13 +66,14 @@ def left():
 while left() > 0:
     time.sleep(0.05)
 elapsed = time.time() - start
-q = "SELECT count(*) FROM webhook_attempts WHERE succeeded = 1"
+q = "SELECT count(*), min(attempted_at), max(attempted_at) FROM webhook_attempts WHERE succeeded = 1"
 if name == "sqlite":
-    ok = sqlite3.connect(path).execute(q).fetchone()[0]
+    ok, first, last = sqlite3.connect(path).execute(q).fetchone()
 else:
-    ok = int(subprocess.check_output(["psql", db, "-tAc", q]).strip())
+    ok, first, last = map(int, subprocess.check_output(["psql", db, "-tAc", q]).decode().strip().split("|"))
 print(f"### {name}: {count} events delivered in {elapsed:.2f} s (from process start): "
-      f"{count / elapsed:,.0f} deliveries/s; successful attempts logged: {ok}")
+      f"{count / elapsed:,.0f} deliveries/s; successful attempts logged: {ok}; "
+      f"from the first attempt to the last {(last - first) / 1000:.2f} s: {ok / max(last - first, 1) * 1000:,.0f}/s")
 PY
   kill $pid; wait $pid 2>/dev/null || true
 }
