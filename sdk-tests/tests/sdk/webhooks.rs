@@ -466,21 +466,32 @@ async fn two_dispatchers_on_one_store_deliver_each_event_once() {
     cx.teardown().await;
 }
 
-#[tokio::test]
-async fn a_shutdown_finishes_or_gives_back_what_is_in_flight() {
-    // Grace 300 ms, timeout 5 s: a delivery hanging at shutdown is stopped and its
-    // event made due again at once (not only when its lease ends). The test context's
-    // own server does not dispatch; `first` and `next` do, on the same store.
-    let cx = context("wh_shutdown", |c| {
+/// A test context whose own server does not dispatch (grace 300 ms, timeout 5 s), and
+/// the configuration of a server that does, on the same store, with `slots` slots.
+async fn stopping_context(name: &str, slots: usize) -> (TestContext, Config) {
+    let cx = context(name, |c| {
         c.webhooks.dispatch = false;
         c.webhooks.timeout_ms = 5_000;
         c.webhooks.shutdown_grace_ms = 300;
+        c.webhooks.concurrency = slots;
     })
     .await;
     let mut config = cx.config.clone();
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.webhooks.dispatch = true;
-    let quiet = || slog::Logger::root(slog::Discard, slog::o!());
+    (cx, config)
+}
+
+fn quiet() -> slog::Logger {
+    slog::Logger::root(slog::Discard, slog::o!())
+}
+
+#[tokio::test]
+async fn a_shutdown_finishes_or_gives_back_what_is_in_flight() {
+    // Grace 300 ms, timeout 5 s: a delivery hanging at shutdown is stopped and its
+    // event made due again at once (not only when its lease ends). The test context's
+    // own server does not dispatch; `first` and `next` do, on the same store.
+    let (cx, config) = stopping_context("wh_shutdown", 64).await;
     let first = gateway_server::start_server(quiet(), &config).await.unwrap();
     let receiver = Receiver::start().await;
     receiver.script([Behaviour::Hang(Duration::from_secs(10))]);
@@ -509,17 +520,7 @@ async fn a_shutdown_gives_back_at_once_what_was_claimed_and_not_started() {
     // events ahead of the slots. At shutdown those are given back with the ones in
     // flight, so the next process delivers every event at once (their leases would
     // run 35 s).
-    let cx = context("wh_claimed_ahead", |c| {
-        c.webhooks.dispatch = false;
-        c.webhooks.timeout_ms = 5_000;
-        c.webhooks.shutdown_grace_ms = 300;
-        c.webhooks.concurrency = 2;
-    })
-    .await;
-    let mut config = cx.config.clone();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.webhooks.dispatch = true;
-    let quiet = || slog::Logger::root(slog::Discard, slog::o!());
+    let (cx, config) = stopping_context("wh_claimed_ahead", 2).await;
     let receiver = Receiver::start().await;
     receiver.script([Behaviour::Hang(Duration::from_secs(10)), Behaviour::Hang(Duration::from_secs(10))]);
     endpoint(&cx, &receiver.url("/"), "all").await;
