@@ -482,6 +482,16 @@ async fn stopping_context(name: &str, slots: usize) -> (TestContext, Config) {
     (cx, config)
 }
 
+/// How many undelivered events are claimed: due only when a lease (35 s here) ends.
+async fn leased(cx: &TestContext) -> i64 {
+    use sqlx::{Connection, Row};
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&cx.config.database_url).await.unwrap();
+    let soon = chrono::Utc::now().timestamp_millis() + 20_000;
+    let sql = format!("SELECT count(*) FROM outbox WHERE delivered_at IS NULL AND available_at > {soon}");
+    sqlx::query(&sql).fetch_one(&mut conn).await.unwrap().try_get::<i64, _>(0).unwrap()
+}
+
 fn quiet() -> slog::Logger {
     slog::Logger::root(slog::Discard, slog::o!())
 }
@@ -531,7 +541,9 @@ async fn a_shutdown_gives_back_at_once_what_was_claimed_and_not_started() {
     receiver.wait_for(2, WAIT).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(receiver.received().len(), 2, "no more requests in flight than slots");
+    assert_eq!(leased(&cx).await, 4, "two in flight and two claimed ahead of the slots");
     first.close().await.unwrap();
+    assert_eq!(leased(&cx).await, 0, "every claim given back at the stop");
     let next = gateway_server::start_server(quiet(), &config).await.unwrap();
     let got = receiver.wait_for(7, Duration::from_secs(3)).await;
     let ids: std::collections::BTreeSet<_> = got.iter().map(|r| r.header("x-gateway-event-id").unwrap()).collect();

@@ -41,8 +41,9 @@ impl Dispatcher {
     }
 
     /// Starts the claim loop as the job [`JOB`] of `tasks`. Told to stop, it stops
-    /// claiming, lets deliveries in flight finish within the grace period
-    /// (`shutdown_grace_ms`), and gives back the claims of those that did not.
+    /// claiming, gives back at once the events it claimed and did not start, lets
+    /// deliveries in flight finish within the grace period (`shutdown_grace_ms`, which
+    /// bounds all of this), and gives back the claims of those that did not.
     pub fn spawn(self: Arc<Self>, tasks: &mut Tasks) {
         tasks.spawn(JOB, move |stop| self.run(stop));
     }
@@ -74,12 +75,14 @@ impl Dispatcher {
                     running.remove(&id);
                 }
             }
+            let mut late = Vec::new();
             while !queue.is_empty() && in_flight.len() < unrecorded {
                 let Ok(permit) = permits.clone().try_acquire_owned() else { break };
                 let (claimed_at, event, destination) = queue.pop_front().expect("the queue is not empty");
                 if claimed_at.elapsed() > START_WITHIN {
-                    // Too late to finish within its lease: it becomes due again when
-                    // the lease ends, and this or another process claims it anew.
+                    // Too late to finish within its lease (the slots were held by slow
+                    // endpoints): given back, due again at once, never started.
+                    late.push(event.id);
                     continue;
                 }
                 running.insert(event.id);
@@ -91,13 +94,23 @@ impl Dispatcher {
                     id
                 });
             }
+            if !late.is_empty() {
+                let this = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = this.store.release_events(&late).await {
+                        // The claims end with their lease; the events are due again then.
+                        warn!(this.log, "giving back webhook events claimed too long ago failed";
+                              "events" => late.len(), "error" => %e);
+                    }
+                });
+            }
             // Claim in batches (one claim statement for many events, not one each):
             // when a quarter of the slots' worth of room is left in the queue.
             let room = concurrency.saturating_sub(queue.len());
             if claiming.is_none() && room >= batch && idle_until.is_none_or(|t| t <= tokio::time::Instant::now()) {
                 idle_until = None;
                 let this = self.clone();
-                claiming = Some(tokio::spawn(async move { (Instant::now(), this.claim(room, lease_ms).await) }));
+                claiming = Some(tokio::spawn(async move { this.claim(room, lease_ms).await }));
             }
             let idle = async {
                 match idle_until {
@@ -108,8 +121,8 @@ impl Dispatcher {
             tokio::select! {
                 claimed = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
                     claiming = None;
-                    let (at, claimed) = claimed.unwrap_or_else(|_| (Instant::now(), Vec::new()));
-                    if claimed.is_empty() {
+                    let Claimed { at, rows, deliver: claimed } = claimed.unwrap_or_else(|_| Claimed::none());
+                    if rows == 0 {
                         idle_until = Some(tokio::time::Instant::now() + poll);
                     }
                     queue.extend(claimed.into_iter().map(|(event, destination)| (at, event, destination)));
@@ -124,37 +137,53 @@ impl Dispatcher {
                 _ = stopped.stopped() => {}
             }
         }
-        // Graceful shutdown: what was claimed and not started is given back at once;
-        // what is in flight finishes within the grace period.
+        // Graceful shutdown, within the grace period: what was claimed and not started is
+        // given back at once, while what is in flight finishes.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(self.settings.shutdown_grace_ms);
         let mut unstarted: Vec<i64> = queue.drain(..).map(|(_, event, _)| event.id).collect();
-        if let Some(claim) = claiming.take()
-            && let Ok((_, claimed)) = claim.await
-        {
-            unstarted.extend(claimed.into_iter().map(|(event, _)| event.id));
-        }
-        if !unstarted.is_empty() {
-            // If this fails, the claims end with their lease.
-            let released = self.store.release_events(&unstarted).await;
-            info!(self.log, "webhook events claimed and not started were given back";
-                  "events" => unstarted.len(), "released" => released.is_ok());
-        }
-        let grace = Duration::from_millis(self.settings.shutdown_grace_ms);
-        let finished = tokio::time::timeout(grace, async {
-            while let Some(done) = in_flight.join_next().await {
-                if let Ok(id) = done {
-                    running.remove(&id);
-                }
+        if let Some(mut claim) = claiming.take() {
+            match tokio::time::timeout_at(deadline, &mut claim).await {
+                Ok(Ok(claimed)) => unstarted.extend(claimed.deliver.into_iter().map(|(event, _)| event.id)),
+                Ok(Err(_)) => {}
+                // Its events, if it claims any, end with their lease.
+                Err(_) => claim.abort(),
             }
+        }
+        let mut given_back = unstarted.is_empty();
+        let finished = tokio::time::timeout_at(deadline, async {
+            let give_back = async {
+                if !given_back {
+                    given_back = self.store.release_events(&unstarted).await.is_ok();
+                }
+            };
+            let drain = async {
+                while let Some(done) = in_flight.join_next().await {
+                    if let Ok(id) = done {
+                        running.remove(&id);
+                    }
+                }
+            };
+            tokio::join!(give_back, drain);
         })
         .await;
-        if finished.is_err() {
+        if !unstarted.is_empty() {
+            info!(self.log, "webhook events claimed and not started were given back";
+                  "events" => unstarted.len(), "released" => given_back);
+        }
+        if finished.is_err() || !given_back {
             in_flight.abort_all();
             while in_flight.join_next().await.is_some() {}
-            let ids: Vec<i64> = running.into_iter().collect();
+            let mut ids: Vec<i64> = running.into_iter().collect();
+            let stopped_count = ids.len();
+            if !given_back {
+                ids.extend(unstarted);
+            }
             // Given back at once; if this fails too, the claims end with their lease.
             let released = self.store.release_events(&ids).await;
-            warn!(self.log, "webhook deliveries still running at shutdown were stopped and given back";
-                  "events" => ids.len(), "released" => released.is_ok());
+            if stopped_count > 0 {
+                warn!(self.log, "webhook deliveries still running at shutdown were stopped and given back";
+                      "events" => stopped_count, "released" => released.is_ok());
+            }
         }
         info!(self.log, "webhook dispatcher stopped");
     }
@@ -162,15 +191,17 @@ impl Dispatcher {
     /// Claims up to `limit` due events, reads each instance's endpoint and checks its
     /// URL once for all its events, and records those that need no delivery in one
     /// write; returns the events to deliver, each with its destination.
-    async fn claim(&self, limit: usize, lease_ms: i64) -> Vec<(ClaimedEvent, Arc<Destination>)> {
+    async fn claim(&self, limit: usize, lease_ms: i64) -> Claimed {
+        let at = Instant::now();
         let now = now_ms();
         let claimed = match self.store.claim_events(now, now.saturating_add(lease_ms), limit as i64).await {
             Ok(claimed) => claimed,
             Err(e) => {
                 error!(self.log, "claiming webhook events failed"; "error" => %e);
-                return Vec::new();
+                return Claimed::none();
             }
         };
+        let rows = claimed.len();
         let mut endpoints: HashMap<String, Result<Option<Arc<Destination>>, ()>> = HashMap::new();
         for instance in claimed.iter().filter_map(|e| e.instance_id.as_deref()) {
             if !endpoints.contains_key(instance) {
@@ -206,7 +237,7 @@ impl Dispatcher {
             // The claims end with their lease; the events are looked at again then.
             error!(self.log, "recording skipped webhook events failed"; "events" => skipped.len(), "error" => %e);
         }
-        deliver
+        Claimed { at, rows, deliver }
     }
 
     /// Delivers one claimed event (scheduled attempt) to its instance's endpoint, gives
@@ -280,16 +311,31 @@ impl Dispatcher {
     }
 }
 
-/// How many deliveries a slot may have waiting for their record, beyond the one in
-/// flight: the bound of [`Dispatcher::run`]'s deliveries not yet recorded.
+/// How many deliveries not yet recorded a slot may stand for, its request in flight
+/// included: the bound of [`Dispatcher::run`]'s deliveries in flight or waiting for
+/// their record.
 const RECORDS_PER_SLOT: usize = 4;
 
-/// A claim: when it started (its events' leases run from then), and its events to
-/// deliver with their destinations.
-type Claimed = (Instant, Vec<(ClaimedEvent, Arc<Destination>)>);
+/// What a claim gave.
+struct Claimed {
+    /// When it started: its events' leases run from then.
+    at: Instant,
+    /// How many rows it claimed (those done undelivered included); none: nothing is due.
+    rows: usize,
+    /// The events to deliver, each with its destination.
+    deliver: Vec<(ClaimedEvent, Arc<Destination>)>,
+}
+
+impl Claimed {
+    /// A claim that found nothing (or failed).
+    fn none() -> Claimed {
+        Claimed { at: Instant::now(), rows: 0, deliver: Vec::new() }
+    }
+}
 
 /// How long after its claim a queued event may still start: its lease is the timeout
-/// and 30 s, so one started this late still finishes, with a margin, inside it.
+/// and 30 s, so one started this late still finishes, with a margin, inside it. One
+/// that waited longer (every slot held by slow endpoints) is given back unstarted.
 const START_WITHIN: Duration = Duration::from_secs(25);
 
 /// A delivery slot held while its HTTP request runs; giving it back wakes the claim
