@@ -170,15 +170,18 @@ impl Dispatcher {
             info!(self.log, "webhook events claimed and not started were given back";
                   "events" => unstarted.len(), "released" => given_back);
         }
-        if finished.is_err() || !given_back {
+        if finished.is_err() {
             in_flight.abort_all();
             while in_flight.join_next().await.is_some() {}
-            let mut ids: Vec<i64> = running.into_iter().collect();
-            let stopped_count = ids.len();
-            if !given_back {
-                ids.extend(unstarted);
-            }
-            // Given back at once; if this fails too, the claims end with their lease.
+        }
+        // What did not finish, and what was not given back yet: given back now; if this
+        // fails too, the claims end with their lease.
+        let stopped_count = running.len();
+        let mut ids: Vec<i64> = running.into_iter().collect();
+        if !given_back {
+            ids.extend(unstarted);
+        }
+        if !ids.is_empty() {
             let released = self.store.release_events(&ids).await;
             if stopped_count > 0 {
                 warn!(self.log, "webhook deliveries still running at shutdown were stopped and given back";

@@ -108,7 +108,7 @@ pub async fn post(
 }
 
 /// [`post`] to the URL the guard already checked for `endpoint`.
-pub(crate) async fn post_checked(
+async fn post_checked(
     client: &reqwest::Client,
     endpoint: &WebhookEndpoint,
     url: &CheckedUrl,
@@ -194,7 +194,7 @@ pub fn event_id(outbox_id: i64) -> String {
     format!("evt_{outbox_id}")
 }
 
-pub(crate) fn attempt_row(
+fn attempt_row(
     event: &ClaimedEvent,
     endpoint: &WebhookEndpoint,
     trigger: &str,
