@@ -36,6 +36,8 @@ mod policy_inputs;
 mod privacy;
 pub mod retention;
 mod rows;
+#[cfg(test)]
+mod test_postgres;
 mod webhooks;
 mod writer;
 pub use writer::stats as write_stats;

@@ -581,3 +581,7 @@ impl Write for FinishDelivery {
         super::writer::lane::DELIVERY
     }
 }
+
+#[cfg(test)]
+#[path = "webhooks_tests.rs"]
+mod tests;

@@ -667,6 +667,7 @@ async fn live_connection(pool: &AnyPool) -> Result<sqlx::pool::PoolConnection<sq
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::test_postgres::{drop_database, postgres_store};
 
     #[test]
     fn sqlite_urls_name_their_file() {
@@ -693,29 +694,6 @@ mod tests {
         assert!(super::busy::poll(0));
     }
 
-    /// A fresh PostgreSQL database with the gateway's schema, when the suite runs on one
-    /// (`GATEWAY_TEST_DATABASE_URL`); dropped by `drop_database`.
-    async fn postgres_store() -> Option<(super::super::Store, String, String)> {
-        use sqlx::Connection;
-        let admin = std::env::var("GATEWAY_TEST_DATABASE_URL").ok().filter(|u| u.starts_with("postgres"))?;
-        let db = format!("gw_receipts_{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        sqlx::any::install_default_drivers();
-        let mut conn = sqlx::AnyConnection::connect(&admin).await.unwrap();
-        sqlx::query(&format!("CREATE DATABASE {db}")).execute(&mut conn).await.unwrap();
-        conn.close().await.unwrap();
-        let (base, query) = admin.split_once('?').map_or((admin.as_str(), None), |(b, q)| (b, Some(q)));
-        let url =
-            format!("{}/{db}{}", &base[..base.rfind('/').unwrap()], query.map_or(String::new(), |q| format!("?{q}")));
-        Some((super::super::Store::open(&url, 4, None).await.unwrap(), admin, db))
-    }
-
-    async fn drop_database(store: super::super::Store, admin: &str, db: &str) {
-        use sqlx::Connection;
-        store.close().await;
-        let mut conn = sqlx::AnyConnection::connect(admin).await.unwrap();
-        sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)")).execute(&mut conn).await.unwrap();
-    }
-
     /// A write that inserts `n` into the test's table `probe`.
     fn probe(n: i64) -> Queued {
         let write = Exec(vec![Statement { sql: "INSERT INTO probe VALUES ($1)", params: vec![SqlValue::Integer(n)] }]);
@@ -733,7 +711,7 @@ mod tests {
     /// waited for. PostgreSQL only: SQLite's writer has no connection to lose.
     #[tokio::test]
     async fn a_lost_batch_is_told_committed_or_is_fenced_off_for_good() {
-        let Some((store, admin, db)) = postgres_store().await else { return };
+        let Some((store, admin, db)) = postgres_store("receipts").await else { return };
         let pool = store.write.clone();
         sqlx::query("CREATE TABLE probe (n INT)").execute(&pool).await.unwrap();
         let mut receipts = Receipts::new("test", 0);
