@@ -55,7 +55,10 @@ run_case() { # name database_url port
 import subprocess, sqlite3, sys, time
 name, db, path, start, count = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
 def left():
-    q = "SELECT count(*) FROM outbox WHERE delivered_at IS NULL"
+    # Whether any is left, through the dispatcher's own index (outbox_pending): a count
+    # read every undelivered row, 11 ms a poll at 50,000 on PostgreSQL, which took a
+    # tenth of a core from the run it measured.
+    q = "SELECT count(*) FROM (SELECT 1 FROM outbox WHERE delivered_at IS NULL ORDER BY available_at LIMIT 1) AS t"
     if name == "sqlite":
         c = sqlite3.connect(path, timeout=30)
         try:
