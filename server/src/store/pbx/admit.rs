@@ -2,8 +2,8 @@
 //! the check that the integration is still as the request was authenticated against,
 //! the replay check of its signature, its GCRA rate limit, and, for an event that
 //! sends nothing, its log row. On SQLite the statements run in the writer's
-//! transaction; on PostgreSQL one call of `gateway_pbx_admit` (migrations 0003 and
-//! 0018) does the same.
+//! transaction; on PostgreSQL one call of `gateway_pbx_admit` (migrations 0003, 0018
+//! and 0020) does the same for the whole batch.
 //!
 //! The first check is what lets the webhook take its integration from the cache
 //! (`store::cache`): a rotated secret, a new allowlist, a changed setting or a PBX
@@ -92,8 +92,8 @@ impl Write for PbxAdmit {
         sqlite_pbx_admit(tx, self)
     }
 
-    /// The same writes in `gateway_pbx_admit` (migration 0003), where "now" for the
-    /// limiter is the database's clock, shared by every replica.
+    /// The same writes in `gateway_pbx_admit` (migrations 0003 and 0020), where "now"
+    /// for the limiter is the database's clock, shared by every replica.
     fn postgres(&self) -> Postgres {
         let admit = self;
         let a = admit;
@@ -215,3 +215,7 @@ fn admitted_log(log: &PbxEvent, rate_limited_for_ms: Option<i64>) -> PbxEvent {
         },
     }
 }
+
+#[cfg(test)]
+#[path = "admit_tests.rs"]
+mod tests;
