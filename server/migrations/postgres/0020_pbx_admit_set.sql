@@ -18,12 +18,13 @@ DECLARE
     u jsonb;
     n int := 0;
     k text;
-    checked text;                   -- the last integration and settings found unchanged
+    checked_id text;                -- the last integration and settings found unchanged
+    checked jsonb;
     fine boolean[] := '{}';         -- each event: not stale
-    sigs jsonb := '[]'::jsonb;      -- the signatures of the events not stale
+    sigs jsonb[] := '{}';           -- the signatures of the events not stale
     fresh jsonb;                    -- the signatures remembered by this batch, as keys
     results jsonb[] := '{}';
-    logs jsonb := '[]'::jsonb;      -- the log rows, in batch order
+    logs jsonb[] := '{}';           -- the log rows, in batch order
     log_at int[] := '{}';           -- the answer each log row belongs to
     ids bigint[];
     now_ms bigint;
@@ -37,8 +38,7 @@ BEGIN
     FOR op IN SELECT value FROM jsonb_array_elements(ops) LOOP
         u := op->'used';
         IF u IS NOT NULL THEN
-            k := (op->>'integration_id') || ' ' || u::text;
-            IF k IS DISTINCT FROM checked THEN
+            IF op->>'integration_id' IS DISTINCT FROM checked_id OR u IS DISTINCT FROM checked THEN
                 PERFORM 1 FROM pbx_integrations p JOIN customers c ON c.id = p.customer_id
                 WHERE p.id = (op->>'integration_id')::bigint
                   AND p.secret_hash = u->>'secret_hash'
@@ -54,13 +54,14 @@ BEGIN
                     fine := fine || false;
                     CONTINUE;
                 END IF;
-                checked := k;
+                checked_id := op->>'integration_id';
+                checked := u;
             END IF;
         END IF;
         fine := fine || true;
         IF jsonb_typeof(op->'signature') = 'string' THEN
-            sigs := sigs || jsonb_build_array(jsonb_build_object('signature_ts', op->'signature_ts',
-                'integration_id', op->'integration_id', 'signature', op->'signature'));
+            sigs := sigs || jsonb_build_object('signature_ts', op->'signature_ts',
+                'integration_id', op->'integration_id', 'signature', op->'signature');
         END IF;
     END LOOP;
 
@@ -68,7 +69,7 @@ BEGIN
     WITH seen AS (
         INSERT INTO pbx_seen_signatures (ts, integration_id, signature)
         SELECT (s->>'signature_ts')::bigint, (s->>'integration_id')::bigint, s->>'signature'
-        FROM jsonb_array_elements(sigs) AS x(s)
+        FROM unnest(sigs) AS x(s)
         ON CONFLICT (ts, integration_id, signature) DO NOTHING
         RETURNING ts, integration_id, signature)
     SELECT COALESCE(jsonb_object_agg(ts || ' ' || integration_id || ' ' || signature, true), '{}'::jsonb)
@@ -124,7 +125,7 @@ BEGIN
                 lg := lg || jsonb_build_object('action', 'rate_limited', 'status_code', 429,
                                                'error_code', 'webhook_rate_limited', 'response', NULL);
             END IF;
-            logs := logs || jsonb_build_array(lg);
+            logs := logs || lg;
             log_at := log_at || n;
         END IF;
         results := results || jsonb_build_object('replay', false, 'rate_limited_for_ms', limited, 'log_id', NULL);
@@ -137,14 +138,14 @@ BEGIN
     END IF;
 
     -- The log rows in batch order, so that their ids follow it as in 0018.
-    IF jsonb_array_length(logs) > 0 THEN
+    IF cardinality(logs) > 0 THEN
         WITH rows AS (
             INSERT INTO pbx_events (integration_id, customer_id, event_type, action, status_code, error_code,
                 phone, message_id, external_message_id, response, created_at)
             SELECT (l->>'integration_id')::bigint, l->>'customer_id', l->>'event_type', l->>'action',
                 (l->>'status_code')::bigint, l->>'error_code', l->>'phone', l->>'message_id',
                 l->>'external_message_id', l->>'response', (l->>'created_at')::bigint
-            FROM jsonb_array_elements(logs) WITH ORDINALITY AS x(l, i)
+            FROM unnest(logs) WITH ORDINALITY AS x(l, i)
             ORDER BY i
             RETURNING id)
         SELECT array_agg(id ORDER BY id) INTO ids FROM rows;
