@@ -3,7 +3,7 @@
 -- rate limit and the log row; under bench/pbx.sh on PostgreSQL the writer's backend was
 -- on the CPU three quarters of the time, a fifth of it starting those statements
 -- (BENCHMARKS.md, issue 22). Here a batch checks each integration and settings it meets
--- once, remembers its signatures in one INSERT, reads and locks each rate limiter once,
+-- once, remembers its signatures in one INSERT, locks and reads each rate limiter once,
 -- steps it in memory event by event, writes it back once, and inserts its log rows in
 -- one INSERT. The writes and the answers are those of 0018, kept as
 -- gateway_pbx_admit_each: the three kinds of write go to three tables, nothing in the
@@ -93,15 +93,14 @@ BEGIN
         IF jsonb_typeof(op->'rate') = 'object' THEN
             k := op->'rate'->>'key';
             IF NOT tats ? k THEN
-                -- The limiter's row, locked until the batch commits (one made now for a
-                -- new key, so that a batch on another connection waits for this one).
-                INSERT INTO rate_limits (key, tat, expires_at) VALUES (k, 0, 0) ON CONFLICT (key) DO NOTHING;
-                IF FOUND THEN
-                    tats := tats || jsonb_build_object(k, NULL::bigint);
-                ELSE
-                    SELECT tat INTO t FROM rate_limits WHERE key = k FOR UPDATE;
-                    tats := tats || jsonb_build_object(k, t);
-                END IF;
+                -- The limiter's row, locked until the batch commits; a new key's row is
+                -- made now (arrival time 0, read as new), so that a batch on another
+                -- connection waits for this one. DO UPDATE rather than a read after DO
+                -- NOTHING: a row deleted in between (retention) is made again.
+                INSERT INTO rate_limits AS r (key, tat, expires_at) VALUES (k, 0, 0)
+                ON CONFLICT (key) DO UPDATE SET tat = r.tat
+                RETURNING r.tat INTO t;
+                tats := tats || jsonb_build_object(k, NULLIF(t, 0));
             END IF;
             -- 0018's step: admitted when the theoretical arrival time is at most
             -- "tolerance" ahead (always, for a new key), which moves it on.
@@ -133,8 +132,8 @@ BEGIN
 
     -- Each limiter that admitted, once, at its last arrival time.
     IF moved <> '{}'::jsonb THEN
-        UPDATE rate_limits r SET tat = m.value::bigint, expires_at = m.value::bigint
-        FROM jsonb_each_text(moved) AS m(key, value) WHERE r.key = m.key;
+        UPDATE rate_limits r SET tat = (moved->>r.key)::bigint, expires_at = (moved->>r.key)::bigint
+        WHERE r.key = ANY (ARRAY(SELECT jsonb_object_keys(moved)));
     END IF;
 
     -- The log rows in batch order, so that their ids follow it as in 0018.

@@ -87,6 +87,13 @@ fn batches(ids: &(String, String)) -> Vec<Vec<serde_json::Value>> {
             op(ids, 9, "scheduled", true, Done("delivered"), Succeeded),
             op(ids, 10, "scheduled", false, Done("gone"), Disable("HTTP 410".into())),
         ],
+        // Each alone makes the batch run the loop: a failure after a success (the clock
+        // starts), an event made due again (its endpoint left as it is).
+        vec![
+            op(ids, 11, "scheduled", true, Done("delivered"), Succeeded),
+            op(ids, 12, "scheduled", false, Done("failed"), Failed),
+        ],
+        vec![op(ids, 13, "scheduled", false, Retry { at: 7_000 }, EndpointChange::None)],
     ]
 }
 
@@ -111,7 +118,7 @@ async fn call(store: &Store, function: &str, ops: &[serde_json::Value]) -> Strin
 async fn a_batch_of_finished_attempts_writes_what_the_loop_writes_one_by_one() {
     let Some((batched, admin, db)) = postgres_store("finish_set").await else { return };
     let (one_by_one, _, db2) = postgres_store("finish_each").await.unwrap();
-    let (ids, ids2) = (world(&batched, 10).await, world(&one_by_one, 10).await);
+    let (ids, ids2) = (world(&batched, 13).await, world(&one_by_one, 13).await);
     for (batch, batch2) in batches(&ids).into_iter().zip(batches(&ids2)) {
         let answer = call(&batched, "gateway_webhook_finish", &batch).await;
         let answer: serde_json::Value = serde_json::from_str(&answer).unwrap();
@@ -121,13 +128,16 @@ async fn a_batch_of_finished_attempts_writes_what_the_loop_writes_one_by_one() {
         }
         assert_eq!(rows(&batched).await, rows(&one_by_one).await);
     }
-    // And the batches did write: ten events, twelve attempts, the endpoint disabled.
+    // And the batches did write: thirteen events, fifteen attempts, the endpoint
+    // disabled and its failure clock started again.
     let all = rows(&batched).await;
     assert!(all.contains(r#""id":4,"attempts":2"#) && all.contains(r#""disabled_reason":"HTTP 410""#), "{all}");
     assert!(all.contains(r#""id":5,"attempts":1,"delivered_at":null,"outcome":null,"available_at":5000"#), "{all}");
+    assert!(all.contains(r#""id":13,"attempts":1,"delivered_at":null,"outcome":null,"available_at":7000"#), "{all}");
+    assert!(all.contains(r#""failing_since":1120"#), "{all}");
     let attempts: i64 =
         sqlx::query("SELECT count(*) FROM webhook_attempts").fetch_one(&batched.write).await.unwrap().get(0);
-    assert_eq!(attempts, 12);
+    assert_eq!(attempts, 15);
     drop_database(batched, &admin, &db).await;
     drop_database(one_by_one, &admin, &db2).await;
 }

@@ -48,6 +48,13 @@ fn batches(used: &PbxIntegration) -> Vec<Vec<Value>> {
     old_form.as_object_mut().unwrap().remove("used");
     let mut other_key = admit(used, Some("s10"), true, true);
     other_key["rate"]["key"] = json!("pbx:other");
+    // A limiter without tolerance (a burst of one): the first passes, the next waits a
+    // whole interval.
+    let strict = |signature: &str| {
+        let mut op = admit(used, Some(signature), true, true);
+        op["rate"] = json!({"key": "pbx:strict", "interval": 60_000, "tolerance": 0});
+        op
+    };
     vec![
         // Admitted, admitted, the first one's replay within the batch, admitted unlogged.
         vec![
@@ -73,6 +80,9 @@ fn batches(used: &PbxIntegration) -> Vec<Vec<Value>> {
         ],
         // Only stale ones.
         vec![admit(&changed, Some("s9"), false, true)],
+        vec![strict("s11"), strict("s12")],
+        // Only refusals: the limiter is left as it was.
+        vec![strict("s13")],
     ]
 }
 
@@ -85,6 +95,7 @@ fn decided(answer: &Value) -> Value {
     }
 }
 
+/// The function's answers, one an admission.
 async fn call(store: &Store, function: &str, ops: &[Value]) -> Vec<Value> {
     let sql = format!("SELECT {function}($1::jsonb)::text");
     let text: String = sqlx::query(&sql)
@@ -94,7 +105,7 @@ async fn call(store: &Store, function: &str, ops: &[Value]) -> Vec<Value> {
         .unwrap()
         .try_get(0)
         .unwrap();
-    serde_json::from_str::<Vec<Value>>(&text).unwrap().iter().map(decided).collect()
+    serde_json::from_str(&text).unwrap()
 }
 
 /// Every row an admission writes, as text (the customer's random id left out).
@@ -112,12 +123,14 @@ async fn a_batch_of_admissions_answers_and_writes_what_the_loop_does_one_by_one(
     let Some((batched, admin, db)) = postgres_store("admit_set").await else { return };
     let (one_by_one, _, db2) = postgres_store("admit_each").await.unwrap();
     let (used, used2) = (world(&batched).await, world(&one_by_one).await);
-    let mut answers = Vec::new();
+    let (mut answers, mut waits) = (Vec::new(), Vec::new());
     for (batch, batch2) in batches(&used).into_iter().zip(batches(&used2)) {
-        let got = call(&batched, "gateway_pbx_admit", &batch).await;
+        let raw = call(&batched, "gateway_pbx_admit", &batch).await;
+        waits.extend(raw.iter().filter_map(|a| a["rate_limited_for_ms"].as_i64()));
+        let got: Vec<Value> = raw.iter().map(decided).collect();
         let mut want = Vec::new();
         for op in batch2 {
-            want.extend(call(&one_by_one, "gateway_pbx_admit_each", &[op]).await);
+            want.extend(call(&one_by_one, "gateway_pbx_admit_each", &[op]).await.iter().map(decided));
         }
         assert_eq!(got, want);
         assert_eq!(rows(&batched).await, rows(&one_by_one).await);
@@ -143,10 +156,17 @@ async fn a_batch_of_admissions_answers_and_writes_what_the_loop_does_one_by_one(
             admitted(false, Some(7)),
             admitted(false, Some(8)),
             stale,
+            admitted(false, Some(9)),
+            admitted(true, Some(10)),
+            admitted(true, Some(11)),
         ]
     );
+    // How long each refused one was told to wait: a minute less the tolerance's two,
+    // less the run's time, on the first limiter; a whole minute on the strict one.
+    assert_eq!(waits.len(), 3, "{waits:?}");
+    assert!(waits.iter().all(|ms| (55_000..=60_000).contains(ms)), "{waits:?}");
     // The limiters' arrival times (the databases' clocks differ by the run's few ms):
-    // three admitted on one, one on the other, each written back with its expiry.
+    // three admitted on one, one on each of the others, each written back with its expiry.
     let tats = |store: &Store| {
         let pool = store.write.clone();
         async move {
@@ -156,14 +176,15 @@ async fn a_batch_of_admissions_answers_and_writes_what_the_loop_does_one_by_one(
         }
     };
     let (a, b) = (tats(&batched).await, tats(&one_by_one).await);
-    assert_eq!(a.len(), 2);
+    assert_eq!(a.len(), 3);
     for ((key, tat, expires), (_, tat2, _)) in a.iter().zip(&b) {
         assert_eq!(tat, expires, "{key}");
         assert!((tat - tat2).abs() < 5_000, "{key}: {tat} against {tat2}");
     }
     let now = chrono::Utc::now().timestamp_millis();
-    assert!((a[1].1 - now - 180_000).abs() < 5_000, "three steps of a minute: {a:?}");
+    assert!((a[2].1 - now - 180_000).abs() < 5_000, "three steps of a minute: {a:?}");
     assert!((a[0].1 - now - 60_000).abs() < 5_000, "one step: {a:?}");
+    assert!((a[1].1 - now - 60_000).abs() < 5_000, "one step: {a:?}");
     let refused: String =
         sqlx::query("SELECT action FROM pbx_events WHERE id = 3").fetch_one(&batched.write).await.unwrap().get(0);
     assert_eq!(refused, "rate_limited");
