@@ -371,6 +371,10 @@ impl Write for Finish {
 }
 
 #[cfg(test)]
+#[path = "attempts_set_tests.rs"]
+mod set_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
