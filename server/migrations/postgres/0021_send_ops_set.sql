@@ -7,15 +7,17 @@
 --
 -- - finishes: one UPDATE of the pending rows, one INSERT of their events in batch order,
 --   one upsert a contact (its sends in batch order: the first time of the first, the
---   last of the last, the number of them);
+--   last of the last, the number of them), one statement for the keys given up and one
+--   for the keys answered;
 -- - begins: each counter the batch names is locked and read once (one upsert, in key
 --   order), stepped in memory begin by begin in batch order exactly as gateway_reserve
---   steps the row (0008), and written back once; then one INSERT of the rows of the
---   begins it allowed, in batch order, so their ids are the ones the loop would give.
+--   steps the row (0008), and written back once; each allowed begin takes its row's id
+--   and claims its idempotency key, if it has one, as it is stepped; then one INSERT of
+--   the rows written, in batch order.
 --
--- Anything else runs the loop of 0013 (kept as gateway_send_ops_each): a key to claim
--- (idempotency), counters given back, a claim, begins and finishes together, one row
--- finished twice, one counter named twice by a begin. The answers and every row written
+-- Anything else runs the loop of 0013 (kept as gateway_send_ops_each): counters given
+-- back, a claim alone, begins and finishes together, one row finished twice, one key
+-- answered twice, one counter named twice by a begin. The answers and every row written
 -- are the loop's; the test store::attempts::set_tests holds the two to each other.
 ALTER FUNCTION gateway_send_ops(jsonb) RENAME TO gateway_send_ops_each;
 
@@ -44,15 +46,18 @@ DECLARE
     taken int[];
     counts jsonb[];
     res jsonb[];
-    ok_n bigint[] := '{}';
-    new_ids bigint[];
+    ok_n int[] := '{}';
+    ok_id bigint[] := '{}';
+    new_id bigint;
+    seq regclass := pg_get_serial_sequence('message_log', 'id')::regclass;
 BEGIN
     SELECT array_agg(DISTINCT e.value->>'op') INTO kinds FROM jsonb_array_elements(ops) e;
     IF kinds = ARRAY['finish']
        AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(ops) e
-                       WHERE jsonb_typeof(e.value->'idem') = 'object'
-                          OR jsonb_array_length(COALESCE(e.value->'release', '[]')) > 0)
-       AND (SELECT count(*) = count(DISTINCT e.value->>'id') FROM jsonb_array_elements(ops) e) THEN
+                       WHERE jsonb_array_length(COALESCE(e.value->'release', '[]')) > 0)
+       AND (SELECT count(*) = count(DISTINCT e.value->>'id') FROM jsonb_array_elements(ops) e)
+       AND (SELECT count(*) = count(DISTINCT e.value->'idem') FROM jsonb_array_elements(ops) e
+            WHERE jsonb_typeof(e.value->'idem') = 'object') THEN
         WITH u AS (
             UPDATE message_log m SET status = f.status, decision = coalesce(f.decision, m.decision),
                 error_code = f.error_code, policy = f.policy, reason = f.reason,
@@ -82,13 +87,25 @@ BEGIN
         ON CONFLICT (instance_id, phone) DO UPDATE SET
             first_sent_at = COALESCE(contacts.first_sent_at, excluded.first_sent_at),
             last_sent_at = excluded.last_sent_at, sent_total = contacts.sent_total + excluded.sent_total;
+        -- A request's idempotency key: given up, or given its answer to replay.
+        DELETE FROM idempotency_keys k USING jsonb_array_elements(ops) e
+        WHERE jsonb_typeof(e.value->'idem') = 'object' AND e.value->'answer'->>'release' = 'true'
+          AND (e.value->>'id')::bigint = ANY (applied) AND k.customer_id = e.value->'idem'->>'customer_id'
+          AND k.idem_key = e.value->'idem'->>'key' AND k.log_id = (e.value->>'id')::bigint;
+        UPDATE idempotency_keys k SET response_status = (e.value->'answer'->>'status')::int,
+            response_body = e.value->'answer'->>'body', lease_until = NULL
+        FROM jsonb_array_elements(ops) e
+        WHERE jsonb_typeof(e.value->'idem') = 'object' AND jsonb_typeof(e.value->'answer') = 'object'
+          AND (e.value->'answer'->>'release') IS DISTINCT FROM 'true'
+          AND (e.value->>'id')::bigint = ANY (applied) AND k.customer_id = e.value->'idem'->>'customer_id'
+          AND k.idem_key = e.value->'idem'->>'key' AND k.log_id = (e.value->>'id')::bigint
+          AND k.response_status IS NULL;
         RETURN coalesce((SELECT jsonb_agg(jsonb_build_object('applied', (e.op->>'id')::bigint = ANY (applied))
                                           ORDER BY e.n)
                          FROM jsonb_array_elements(ops) WITH ORDINALITY AS e(op, n)), '[]'::jsonb);
     END IF;
 
     IF kinds IS DISTINCT FROM ARRAY['begin']
-       OR EXISTS (SELECT 1 FROM jsonb_array_elements(ops) e WHERE jsonb_typeof(e.value->'idem') = 'object')
        OR EXISTS (SELECT 1 FROM jsonb_array_elements(ops) WITH ORDINALITY AS e(op, n), jsonb_array_elements(e.op->'r') x
                   GROUP BY e.n, x->>'scope' HAVING count(*) > 1) THEN
         RETURN gateway_send_ops_each(ops);
@@ -148,8 +165,23 @@ BEGIN
             END IF;
         END LOOP;
         IF hit IS NULL THEN
-            res[b] := jsonb_build_object('ok', true, 'counts', to_jsonb(counts));
-            ok_n := ok_n || b::bigint;
+            -- The row's id now, so that a key is claimed for it here, in batch order, as
+            -- the loop claims it after writing the row; a key lost takes the id all the
+            -- same (the loop writes the row, then deletes it).
+            new_id := nextval(seq);
+            IF jsonb_typeof(ops->(b - 1)->'idem') = 'object' AND NOT gateway_claim_key(
+                    ops->(b - 1)->'idem' || jsonb_build_object('log_id', new_id, 'lease_until', NULL)) THEN
+                FOREACH j IN ARRAY taken LOOP
+                    IF k_count[j] > 0 THEN
+                        k_count[j] := k_count[j] - 1;
+                    END IF;
+                END LOOP;
+                res[b] := jsonb_build_object('lost', true);
+            ELSE
+                res[b] := jsonb_build_object('ok', true, 'id', new_id, 'counts', to_jsonb(counts));
+                ok_n := ok_n || b;
+                ok_id := ok_id || new_id;
+            END IF;
         ELSE
             FOREACH j IN ARRAY taken LOOP
                 IF k_count[j] > 0 THEN
@@ -169,27 +201,19 @@ BEGIN
     FROM unnest(k_scope, k_ws, k_count, k_lim, k_changed) AS k(scope, ws, count, lim, changed)
     WHERE k.changed AND u.scope = k.scope AND u.window_start = k.ws;
 
-    WITH ins AS (
-        INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, recipient,
-            message_type, decision, error_code, policy, reason, provider_message_id, status, created_at,
-            policy_trace, request_id, correlation_id, deadline_at, idem_key, owner_lease)
-        SELECT e.op->'log'->>'customer_id', e.op->'log'->>'instance_id', e.op->'log'->>'api_key_id',
-            e.op->'log'->>'source', e.op->'log'->>'purpose', e.op->'log'->>'recipient',
-            e.op->'log'->>'message_type', e.op->'log'->>'decision', e.op->'log'->>'error_code',
-            e.op->'log'->>'policy', e.op->'log'->>'reason', e.op->'log'->>'provider_message_id',
-            e.op->'log'->>'status', (e.op->'log'->>'created_at')::bigint, e.op->'log'->>'policy_trace',
-            e.op->'log'->>'request_id', e.op->'log'->>'correlation_id',
-            (e.op->>'deadline_at')::bigint, NULL, (e.op->>'owner_lease')::bigint
-        FROM jsonb_array_elements(ops) WITH ORDINALITY AS e(op, n)
-        WHERE e.n = ANY (ok_n)
-        ORDER BY e.n
-        RETURNING id
-    )
-    -- Ids are drawn in the order the rows go in, which is batch order.
-    SELECT array_agg(id ORDER BY id) INTO new_ids FROM ins;
-    FOR i IN 1 .. coalesce(array_length(ok_n, 1), 0) LOOP
-        res[ok_n[i]] := res[ok_n[i]] || jsonb_build_object('id', new_ids[i]);
-    END LOOP;
+    INSERT INTO message_log (id, customer_id, instance_id, api_key_id, source, purpose, recipient,
+        message_type, decision, error_code, policy, reason, provider_message_id, status, created_at,
+        policy_trace, request_id, correlation_id, deadline_at, idem_key, owner_lease)
+    OVERRIDING SYSTEM VALUE
+    SELECT w.id, w.op->'log'->>'customer_id', w.op->'log'->>'instance_id', w.op->'log'->>'api_key_id',
+        w.op->'log'->>'source', w.op->'log'->>'purpose', w.op->'log'->>'recipient',
+        w.op->'log'->>'message_type', w.op->'log'->>'decision', w.op->'log'->>'error_code',
+        w.op->'log'->>'policy', w.op->'log'->>'reason', w.op->'log'->>'provider_message_id',
+        w.op->'log'->>'status', (w.op->'log'->>'created_at')::bigint, w.op->'log'->>'policy_trace',
+        w.op->'log'->>'request_id', w.op->'log'->>'correlation_id',
+        (w.op->>'deadline_at')::bigint, w.op->'idem'->>'key', (w.op->>'owner_lease')::bigint
+    FROM (SELECT u.id, ops->(u.n - 1) AS op, u.n FROM unnest(ok_n, ok_id) AS u(n, id)) w
+    ORDER BY w.n;
     RETURN to_jsonb(res);
 END;
 $$;

@@ -51,25 +51,41 @@ fn finish(id: i64, status: &str, phone: &str, at: i64) -> serde_json::Value {
     })
 }
 
+/// A begin of request `n` with the idempotency key `key`, claimed by `owner`.
+fn keyed_begin(n: i64, key: &str, owner: &str) -> serde_json::Value {
+    let idem =
+        IdemOwner { customer_id: "cus_t".into(), key: key.into(), owner: owner.into(), request_hash: "h".into() };
+    let entry = LogEntry {
+        customer_id: "cus_t".into(),
+        recipient: Some("+15550000001".into()),
+        source: "api".into(),
+        decision: "allowed".into(),
+        status: "pending".into(),
+        created_at: 1_000 + n,
+        ..LogEntry::default()
+    };
+    begin_json(&Begin {
+        reservations: vec![r("day:c", 100, 5), r("rcpt:i:p1", 100, 5)],
+        entry,
+        deadline_at: 9_000 + n,
+        idem: Some(idem),
+        owner_lease: None,
+    })
+}
+
+/// A finish of the keyed row `id` as `sent`, its key answered (or given up).
+fn keyed_finish(id: i64, key: &str, answer: KeyFate) -> serde_json::Value {
+    let mut f: serde_json::Value = finish(id, "sent", "+15550000001", 3_000 + id);
+    f["idem"] = serde_json::json!({"customer_id": "cus_t", "key": key});
+    f["answer"] = match answer {
+        KeyFate::Keep(a) => serde_json::json!({"status": a.status, "body": a.body}),
+        KeyFate::Release => serde_json::json!({"release": true}),
+    };
+    f
+}
+
 /// The batches, in order: each on its own is a batch of the writer.
 fn batches() -> Vec<Vec<serde_json::Value>> {
-    let idem =
-        IdemOwner { customer_id: "cus_t".into(), key: "k1".into(), owner: "o1".into(), request_hash: "h1".into() };
-    let mut keyed = Begin {
-        reservations: vec![r("day:c", 100, 5)],
-        entry: LogEntry {
-            customer_id: "cus_t".into(),
-            source: "api".into(),
-            decision: "allowed".into(),
-            status: "pending".into(),
-            created_at: 1_020,
-            ..LogEntry::default()
-        },
-        deadline_at: 9_020,
-        idem: Some(idem.clone()),
-        owner_lease: None,
-    };
-    keyed.entry.recipient = Some("+15550000001".into());
     let released = Finish {
         log_id: 3,
         status: "failed".into(),
@@ -80,6 +96,7 @@ fn batches() -> Vec<Vec<serde_json::Value>> {
         ..Finish::default()
     };
     let (p1, p2, p3) = ("+15550000001", "+15550000002", "+15550000003");
+    let kept = KeyFate::Keep(Answer { status: 200, body: "{\"status\":\"sent\"}".into() });
     vec![
         // New counters made, stepped and written back once; the third begin finds the
         // recipient's counter full, gives the other two back (their limits changed by
@@ -109,11 +126,20 @@ fn batches() -> Vec<Vec<serde_json::Value>> {
         ],
         // A row finished before (not applied), an unknown outcome (it may have gone out).
         vec![finish(1, "sent", p1, 2_101), finish(5, "unknown", p3, 2_105)],
-        // Each of these runs the loop: a key to claim; counters given back; a begin beside
-        // a finish; one row finished twice.
-        vec![begin_json(&keyed)],
+        // Keys: one claimed, then lost by another owner in the same batch (its counters
+        // given back, its id taken all the same), another claimed.
+        vec![
+            keyed_begin(11, "k1", "o1"),
+            begin(12, p1, vec![]),
+            keyed_begin(13, "k1", "o2"),
+            keyed_begin(14, "k2", "o3"),
+        ],
+        // One key answered, one given up.
+        vec![keyed_finish(6, "k1", kept), keyed_finish(9, "k2", KeyFate::Release), finish(7, "sent", p1, 3_007)],
+        // Each of these runs the loop: counters given back; a begin beside a finish; one
+        // row finished twice.
         vec![finish_json(&released)],
-        vec![begin(9, p1, vec![r("day:c", 100, 5)]), finish(7, "sent", p3, 2_207)],
+        vec![begin(15, p1, vec![r("day:c", 100, 5)]), finish(10, "sent", p3, 2_207)],
         vec![finish(8, "sent", p2, 2_308), finish(8, "failed", p2, 2_309)],
     ]
 }
@@ -126,8 +152,8 @@ async fn rows(store: &Store) -> String {
             available_at, log_id FROM outbox) t),
         (SELECT json_agg(t ORDER BY instance_id, phone) FROM (SELECT * FROM contacts) t),
         (SELECT json_agg(t ORDER BY scope, window_start) FROM (SELECT * FROM usage_counters) t),
-        (SELECT json_agg(t ORDER BY idem_key) FROM (SELECT idem_key, request_hash, owner, log_id, response_status
-            FROM idempotency_keys) t))::text";
+        (SELECT json_agg(t ORDER BY idem_key) FROM (SELECT idem_key, request_hash, owner, log_id, response_status,
+            response_body, lease_until, expires_at FROM idempotency_keys) t))::text";
     sqlx::query(sql).fetch_one(&store.write).await.unwrap().get::<String, _>(0)
 }
 
@@ -156,7 +182,8 @@ async fn a_batch_of_begins_or_finishes_answers_and_writes_what_the_loop_does_one
         answers.push(answer);
     }
     // And the batches did what they say: the third begin refused at its recipient with
-    // two taken, the new counter given back and taken again, the contact counted twice.
+    // two taken, the new counter given back and taken again, a contact counted once a
+    // send (the last time the last in batch order, not the latest), a key lost.
     let refused = serde_json::json!({"ok": false, "index": 1, "used": 2});
     assert_eq!(answers[0][2], refused);
     assert_eq!(answers[0][4], serde_json::json!({"ok": true, "id": 4, "counts": [3, 1]}));
@@ -169,8 +196,14 @@ async fn a_batch_of_begins_or_finishes_answers_and_writes_what_the_loop_does_one
     );
     assert_eq!(answers[3], serde_json::json!([{"applied": false}, {"applied": true}]));
     let all = rows(&batched).await;
-    assert!(all.contains(r#""phone":"+15550000001","first_sent_at":2001,"last_sent_at":2002,"sent_total":2"#), "{all}");
-    assert!(all.contains(r#""scope":"day:c","window_start":60000,"count":"#), "{all}");
+    assert!(all.contains(r#""phone":"+15550000001","first_sent_at":2001,"last_sent_at":3007,"sent_total":5"#), "{all}");
+    assert_eq!(answers[4][2], serde_json::json!({"lost": true}));
+    assert_eq!(answers[4][3]["id"], 9);
+    assert!(
+        all.contains(r#""idem_key":"k1","request_hash":"h","owner":"o1","log_id":6,"response_status":200"#),
+        "{all}"
+    );
+    assert!(!all.contains(r#""idem_key":"k2","request_hash""#), "{all}");
     drop_database(batched, &admin, &db).await;
     drop_database(one_by_one, &admin, &db2).await;
 }
