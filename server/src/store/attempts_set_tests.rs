@@ -137,10 +137,11 @@ fn batches() -> Vec<Vec<serde_json::Value>> {
         // One key answered, one given up.
         vec![keyed_finish(6, "k1", kept), keyed_finish(9, "k2", KeyFate::Release), finish(7, "sent", p1, 3_007)],
         // Each of these runs the loop: counters given back; a begin beside a finish; one
-        // row finished twice.
-        vec![finish_json(&released)],
+        // row finished twice; a write alone.
+        vec![finish_json(&released), finish(99, "sent", p2, 3_099)],
         vec![begin(15, p1, vec![r("day:c", 100, 5)]), finish(10, "sent", p3, 2_207)],
         vec![finish(8, "sent", p2, 2_308), finish(8, "failed", p2, 2_309)],
+        vec![begin(16, p2, vec![r("day:c", 100, 5)])],
     ]
 }
 
