@@ -9,8 +9,8 @@
 --   one upsert a contact (its sends in batch order: the first time of the first, the
 --   last of the last, the number of them), one statement for the keys given up and one
 --   for the keys answered;
--- - begins: each counter the batch names is locked and read once (one upsert, in key
---   order), stepped in memory begin by begin in batch order exactly as gateway_reserve
+-- - begins: each counter the batch names is locked and read once (one upsert, in the
+--   order the batch first names them, as the loop locks them), stepped in memory begin by begin in batch order exactly as gateway_reserve
 --   steps the row (0008), and written back once; each allowed begin takes its row's id
 --   and claims its idempotency key, if it has one, as it is stepped; then one INSERT of
 --   the rows written, in batch order.
@@ -37,9 +37,8 @@ DECLARE
     applied bigint[];
     -- The begins' counters, by (begin, place in its list).
     c_n bigint[];
-    c_scope text[];
-    c_ws bigint[];
     c_lim bigint[];
+    c_j int[];
     -- Each counter the batch names once: its row as the batch goes.
     k_scope text[];
     k_ws bigint[];
@@ -128,33 +127,40 @@ BEGIN
         RETURN gateway_send_ops_each(ops);
     END IF;
     n_ops := jsonb_array_length(ops);
-    SELECT array_agg(e.n ORDER BY e.n, x.i), array_agg(x.v->>'scope' ORDER BY e.n, x.i),
-        array_agg((x.v->>'window_start')::bigint ORDER BY e.n, x.i), array_agg((x.v->>'limit')::bigint ORDER BY e.n, x.i),
-        count(*) = count(DISTINCT (e.n, x.v->>'scope'))
-    INTO c_n, c_scope, c_ws, c_lim, scopes_once
-    FROM jsonb_array_elements(ops) WITH ORDINALITY AS e(op, n), jsonb_array_elements(e.op->'r') WITH ORDINALITY AS x(v, i);
+    -- Each counter of each begin, with the place of its row among the batch's counters in
+    -- key order (c_j: where k_* below holds it).
+    SELECT array_agg(s.n ORDER BY s.n, s.i), array_agg(s.lim ORDER BY s.n, s.i), array_agg(s.j ORDER BY s.n, s.i),
+        count(*) = count(DISTINCT (s.n, s.scope))
+    INTO c_n, c_lim, c_j, scopes_once
+    FROM (SELECT e.n, x.i, x.v->>'scope' AS scope, (x.v->>'limit')::bigint AS lim,
+              dense_rank() OVER (ORDER BY x.v->>'scope', (x.v->>'window_start')::bigint)::int AS j
+          FROM jsonb_array_elements(ops) WITH ORDINALITY AS e(op, n),
+              jsonb_array_elements(e.op->'r') WITH ORDINALITY AS x(v, i)) s;
     IF NOT scopes_once THEN
         RETURN gateway_send_ops_each(ops);
     END IF;
-    -- Locked and read once, in key order; a counter not yet there is made with nothing
+    -- Locked and read once, in the order the batch first names them, which is the order
+    -- the loop takes them in (so a batch that runs the loop on another connection meets
+    -- them in the same order, as before); a counter not yet there is made with nothing
     -- taken (as the loop's increment then give-back of a refused send leaves it), with the
     -- expiry and limit of the first begin that names it, and its first increment always
     -- succeeds (the loop's INSERT).
     WITH want AS (
         SELECT DISTINCT ON (x.v->>'scope', (x.v->>'window_start')::bigint) x.v->>'scope' AS scope,
             (x.v->>'window_start')::bigint AS ws, (x.v->>'expires_at')::bigint AS expires_at,
-            (x.v->>'limit')::bigint AS lim
+            (x.v->>'limit')::bigint AS lim, e.n, x.i
         FROM jsonb_array_elements(ops) WITH ORDINALITY AS e(op, n),
             jsonb_array_elements(e.op->'r') WITH ORDINALITY AS x(v, i)
         ORDER BY 1, 2, e.n, x.i
     ), got AS (
         INSERT INTO usage_counters AS u (scope, window_start, count, expires_at, lim)
-        SELECT scope, ws, 0, expires_at, lim FROM want ORDER BY scope, ws
+        SELECT scope, ws, 0, expires_at, lim FROM want ORDER BY n, i
         ON CONFLICT (scope, window_start) DO UPDATE SET count = u.count
         RETURNING u.scope, u.window_start, u.count, u.lim, u.xmax = 0 AS fresh
     )
-    SELECT array_agg(scope), array_agg(window_start), array_agg(count), array_agg(lim), array_agg(fresh),
-        array_agg(false)
+    SELECT array_agg(scope ORDER BY scope, window_start), array_agg(window_start ORDER BY scope, window_start),
+        array_agg(count ORDER BY scope, window_start), array_agg(lim ORDER BY scope, window_start),
+        array_agg(fresh ORDER BY scope, window_start), array_agg(false)
     INTO k_scope, k_ws, k_count, k_lim, k_fresh, k_changed FROM got;
 
     seq := pg_get_serial_sequence('message_log', 'id')::regclass;
@@ -170,10 +176,7 @@ BEGIN
         taken := '{}';
         counts := '{}';
         FOR c IN p .. q - 1 LOOP
-            j := 1;
-            WHILE NOT (k_scope[j] = c_scope[c] AND k_ws[j] = c_ws[c]) LOOP
-                j := j + 1;
-            END LOOP;
+            j := c_j[c];
             IF k_fresh[j] OR k_count[j] < c_lim[c] THEN
                 k_fresh[j] := false;
                 k_count[j] := k_count[j] + 1;
@@ -209,10 +212,7 @@ BEGIN
                     k_count[j] := k_count[j] - 1;
                 END IF;
             END LOOP;
-            j := 1;
-            WHILE NOT (k_scope[j] = c_scope[p + hit] AND k_ws[j] = c_ws[p + hit]) LOOP
-                j := j + 1;
-            END LOOP;
+            j := c_j[p + hit];
             res[b] := jsonb_build_object('ok', false, 'index', hit, 'used', k_count[j]);
         END IF;
         p := q;

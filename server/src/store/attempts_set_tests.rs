@@ -110,11 +110,13 @@ fn batches() -> Vec<Vec<serde_json::Value>> {
             begin(5, p2, vec![r("day:c", 100, 5), r("rcpt:i:p2", 1, 6)]),
         ],
         // A full first counter; a new counter taken and given back (left at 0), then
-        // taken by the next begin, and full for the one after.
+        // taken by the next begin, and full for the ones after (named second by the last,
+        // whose first counter holds another count).
         vec![
             begin(6, p3, vec![r("day:c", 3, 5), r("rcpt:i:p3", 1, 6)]),
             begin(7, p3, vec![r("rcpt:i:p3", 1, 6)]),
             begin(8, p3, vec![r("rcpt:i:p3", 1, 6)]),
+            begin(9, p3, vec![r("inst:i", 100, 7), r("rcpt:i:p3", 1, 6)]),
         ],
         // Finishes: one contact twice, a failure (no event, no contact), a row that does
         // not exist.
@@ -191,6 +193,7 @@ async fn a_batch_of_begins_or_finishes_answers_and_writes_what_the_loop_does_one
     assert_eq!(answers[1][0], serde_json::json!({"ok": false, "index": 0, "used": 3}));
     assert_eq!(answers[1][1], serde_json::json!({"ok": true, "id": 5, "counts": [1]}));
     assert_eq!(answers[1][2], serde_json::json!({"ok": false, "index": 0, "used": 1}));
+    assert_eq!(answers[1][3], serde_json::json!({"ok": false, "index": 1, "used": 1}));
     assert_eq!(
         answers[2],
         serde_json::json!([{"applied": true}, {"applied": true}, {"applied": true}, {"applied": false}])
