@@ -37,7 +37,7 @@ async fn prometheus_scrapes_the_metrics_listener_and_reads_the_send_counter_back
     let db = Db::new("metrics").await;
     let demo = run_json(gateway(&db.url, &["demo"], &[]));
     let key = demo["api_key"].as_str().unwrap().to_string();
-    let (port, metrics_port, prometheus_port) = (free_port(), free_port(), free_port());
+    let (port, metrics_port) = (free_port(), free_port());
     let metrics_listen = format!("127.0.0.1:{metrics_port}");
     let env = [("GATEWAY_METRICS_LISTEN", metrics_listen.as_str()), ("GATEWAY_WEBHOOKS__DISPATCH", "false")];
     let server = common::serve(gateway(&db.url, &[], &env), port).await;
@@ -96,14 +96,44 @@ async fn prometheus_scrapes_the_metrics_listener_and_reads_the_send_counter_back
         ),
     )
     .unwrap();
-    let prometheus = tool("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("prometheus starts");
+    // Its port is found free just before it binds it, and found again if it exits: a
+    // port free when the test began may be a gateway's of a test running beside it by
+    // now (the query then reached that gateway, which answered 404).
+    let mut tries = 0;
+    let (prometheus, prometheus_port) = loop {
+        let prometheus_port = free_port();
+        let mut prometheus = tool("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{prometheus_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus starts");
+        let ready = format!("http://127.0.0.1:{prometheus_port}/-/ready");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let up = loop {
+            if prometheus.try_wait().unwrap().is_some() {
+                break false;
+            }
+            if let Ok(r) = http.get(&ready).send().await
+                && r.status().is_success()
+                && r.text().await.unwrap_or_default().contains("Prometheus")
+            {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if up {
+            break (prometheus, prometheus_port);
+        }
+        kill(prometheus);
+        tries += 1;
+        assert!(tries < 5, "Prometheus did not start on a free port in five tries");
+    };
     let query = format!(
         "http://127.0.0.1:{prometheus_port}/api/v1/query?query=sum(gateway_sends_total%7Bdecision%3D%22allowed%22%7D)"
     );
