@@ -65,7 +65,7 @@ pub fn retention_plan(config: &Config, now: i64) -> store::retention::RetentionP
         contacts_before: now.saturating_sub(days_ms(r.contacts_days)),
         webhooks_before: now.saturating_sub(days_ms(config.webhooks.retention_days)),
         pbx_events_before: now.saturating_sub(days_ms(config.pbx.event_retention_days)),
-        pbx_signatures_before_seconds: (now / 1000).saturating_sub(2 * pbx::auth::TOLERANCE_SECONDS),
+        pbx_signatures_before_seconds: (now / 1000).saturating_sub(store::SIGNATURE_MEMORY_SECONDS),
         policy_inputs_before: now.saturating_sub(days_ms(config.policies.input_retention_days)),
     }
 }

@@ -20,6 +20,10 @@ pub const TIMESTAMP_HEADER: &str = "x-gateway-timestamp";
 pub const SIGNATURE_HEADER: &str = "x-gateway-signature";
 /// How far the timestamp may be from the gateway's clock, either way.
 pub const TOLERANCE_SECONDS: i64 = 300;
+// A replay passes the timestamp check only within TOLERANCE of its timestamp; a signature
+// remembered (store::SIGNATURE_MEMORY_SECONDS) twice that long outlives every request
+// that could replay it, with as long again for clocks that differ.
+const _: () = assert!(crate::store::SIGNATURE_MEMORY_SECONDS >= 2 * TOLERANCE_SECONDS);
 
 const WEBHOOK_SECRET_PREFIX: &str = "pbx_";
 const SIGNING_SECRET_PREFIX: &str = "pbxsig_";

@@ -65,7 +65,9 @@ pub use keys::ApiKeyRecord;
 pub use log_pages::{LogFilter, LogRow, MessageEvent};
 pub use messages::{LogEntry, OutboxEvent, Recorded, ReviewItem};
 pub use modules::{Mode as RolloutMode, NewModule, Rollout, StoredModule};
-pub use pbx::{Admission, PbxAdmit, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate, RateCheck};
+pub use pbx::{
+    Admission, PbxAdmit, PbxEvent, PbxIntegration, PbxSettingsUpdate, PbxTemplate, RateCheck, SIGNATURE_MEMORY_SECONDS,
+};
 pub use policies::{PolicyGateway, ReviewEntry};
 pub use policy_inputs::{KeptInput, PolicyInputQuery};
 pub use webhooks::{ClaimedEvent, EndpointChange, EventState, WebhookAttempt, WebhookEndpoint};

@@ -84,6 +84,10 @@ static DELETES: LazyLock<Vec<[String; 2]>> = LazyLock::new(|| {
         .collect()
 });
 
+/// Tables of the SQLite store alone (`pbx_signature_log`: SQLite's replay check, see
+/// `store::pbx::admit`).
+const SQLITE_ONLY: &[&str] = &["pbx_signature_log"];
+
 /// Rows one run deleted from one table.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct Pruned {
@@ -125,6 +129,7 @@ const STEPS: &[Step] = &[
     ("outbox", "delivered_at IS NOT NULL AND delivered_at < $1", |p| p.webhooks_before),
     ("pbx_events", "created_at < $1", |p| p.pbx_events_before),
     ("pbx_seen_signatures", "ts < $1", |p| p.pbx_signatures_before_seconds),
+    ("pbx_signature_log", "ts < $1", |p| p.pbx_signatures_before_seconds),
     ("pbx_cooldowns", "until_at < $1", |p| p.now),
     ("rate_limits", "expires_at < $1", |p| p.now),
     ("usage_counters", "expires_at < $1", |p| p.now),
@@ -155,6 +160,9 @@ impl Store {
         };
         let mut size = pace.rows.0;
         for ((table, _, cut_off), [sqlite, postgres]) in STEPS.iter().zip(DELETES.iter()) {
+            if self.backend == Backend::Postgres && SQLITE_ONLY.contains(table) {
+                continue;
+            }
             let at = cut_off(plan);
             let mut rows = 0;
             loop {

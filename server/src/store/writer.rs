@@ -255,6 +255,7 @@ pub(super) fn spawn_sqlite(
 ) -> Result<mpsc::Sender<Queued>, StoreError> {
     let mut conn = rusqlite::Connection::open(&path)?;
     conn.execute_batch(&options.sqlite_pragmas())?;
+    conn.execute_batch(super::pbx::SQLITE_WRITER_SETUP)?;
     conn.busy_handler(Some(busy::poll))?;
     let (tx, mut rx) = mpsc::channel::<Queued>(4 * MAX_BATCH);
     std::thread::Builder::new()

@@ -5,6 +5,15 @@
 //! transaction; on PostgreSQL one call of `gateway_pbx_admit` (migrations 0003, 0018
 //! and 0020) does the same for the whole batch.
 //!
+//! On SQLite the replay check does not write a signature into a b-tree keyed by it: a
+//! random key per event put each at its own page, and a commit of n events wrote n pages
+//! (two thirds of its pages, BENCHMARKS.md, issue 22). The signatures are appended to
+//! `pbx_signature_log` in arrival order (migration 0015), and the writer's connection
+//! keeps the window's signatures in `temp.pbx_seen`, a table in memory that only it
+//! sees. Before each check the writer reads the log on from the last id it saw, so rows
+//! a replica on the same file appended are known; both temporary tables are written in
+//! the batch's transaction, so a batch rolled back forgets what it added there too.
+//!
 //! The first check is what lets the webhook take its integration from the cache
 //! (`store::cache`): a rotated secret, a new allowlist, a changed setting or a PBX
 //! module turned off is seen by the first admission that starts after the command
@@ -68,8 +77,31 @@ const RATE_SQL: &str = "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($
        expires_at = (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) + $3 \
      WHERE (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) - $2 <= $4 \
      RETURNING tat";
-const SEEN_SQL: &str = "INSERT INTO pbx_seen_signatures (ts, integration_id, signature) \
-     VALUES ($1, $2, $3) ON CONFLICT (ts, integration_id, signature) DO NOTHING";
+/// The writer connection's signatures of the window (SQLite), and the last id of
+/// `pbx_signature_log` it has read; run once when the connection opens, outside any
+/// transaction. `temp_store = MEMORY` keeps the temporary tables off the disk.
+pub(in crate::store) const SQLITE_WRITER_SETUP: &str = "PRAGMA temp_store = MEMORY; \
+     CREATE TEMP TABLE pbx_seen (ts INTEGER NOT NULL, integration_id INTEGER NOT NULL, signature TEXT NOT NULL, \
+       PRIMARY KEY (ts, integration_id, signature)) WITHOUT ROWID; \
+     CREATE TEMP TABLE pbx_seen_tail (last INTEGER NOT NULL); \
+     INSERT INTO temp.pbx_seen_tail (last) VALUES (0);";
+/// How long a signature is remembered after the time it signs (by the SQLite writer in
+/// memory, and by retention in the tables): at least twice the webhook's tolerance
+/// (`pbx::auth::TOLERANCE_SECONDS`, asserted there when the gateway is built), so that a signature is never
+/// forgotten while its timestamp is still accepted.
+pub const SIGNATURE_MEMORY_SECONDS: i64 = 600;
+/// Signatures appended to the log since the writer last read it (by this writer they
+/// are known already: `OR IGNORE`).
+const SEEN_CATCH_UP_SQL: &str = "INSERT OR IGNORE INTO temp.pbx_seen (ts, integration_id, signature) \
+     SELECT ts, integration_id, signature FROM main.pbx_signature_log WHERE id > (SELECT last FROM temp.pbx_seen_tail)";
+const SEEN_TAIL_SQL: &str =
+    "UPDATE temp.pbx_seen_tail SET last = (SELECT coalesce(max(id), 0) FROM main.pbx_signature_log)";
+/// No row: a replay.
+const SEEN_SQL: &str = "INSERT INTO temp.pbx_seen (ts, integration_id, signature) VALUES ($1, $2, $3) \
+     ON CONFLICT (ts, integration_id, signature) DO NOTHING";
+const SEEN_LOG_SQL: &str = "INSERT INTO main.pbx_signature_log (ts, integration_id, signature) VALUES ($1, $2, $3)";
+const SEEN_LOGGED_SQL: &str = "UPDATE temp.pbx_seen_tail SET last = last_insert_rowid()";
+const SEEN_FORGET_SQL: &str = "DELETE FROM temp.pbx_seen WHERE ts < $1";
 const TAT_SQL: &str = "SELECT tat FROM rate_limits WHERE key = $1";
 /// The integration as it was used: every column the webhook reads that can change.
 const UNCHANGED_SQL: &str = "SELECT 1 FROM pbx_integrations p JOIN customers c ON c.id = p.customer_id \
@@ -140,15 +172,10 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
     if !unchanged(tx, &a.used)? {
         return Ok(Admission::Stale);
     }
-    if let Some(signature) = &a.signature {
-        let mut stmt = tx.prepare_cached(SEEN_SQL)?;
-        bind_dollar(
-            &mut stmt,
-            &[SqlValue::Integer(a.signature_ts), SqlValue::Integer(a.used.id), SqlValue::Text(signature.clone())],
-        )?;
-        if stmt.raw_execute()? == 0 {
-            return Ok(Admission::Replayed);
-        }
+    if let Some(signature) = &a.signature
+        && !sqlite_remember(tx, a.signature_ts, a.used.id, signature)?
+    {
+        return Ok(Admission::Replayed);
     }
     let mut rate_limited_for_ms = None;
     if let Some(rate) = &a.rate {
@@ -177,6 +204,49 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
         log_id = Some(insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?);
     }
     Ok(Admission::Admitted { rate_limited_for_ms, log_id })
+}
+
+/// Remembers a signature; false when it was seen before (a replay). See the module's
+/// documentation.
+fn sqlite_remember(
+    tx: &rusqlite::Transaction<'_>,
+    ts: i64,
+    integration: i64,
+    signature: &str,
+) -> Result<bool, StoreError> {
+    // At most once a minute (only the writer thread runs this; a batch rolled back
+    // forgets them again a minute later, which is as safe).
+    thread_local! {
+        static NEXT_FORGET: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+    }
+    let now = now_ms() / 1000;
+    if now >= NEXT_FORGET.get() {
+        NEXT_FORGET.set(now + 60);
+        forget_signatures_before(tx, now - SIGNATURE_MEMORY_SECONDS)?;
+    }
+    if tx.prepare_cached(SEEN_CATCH_UP_SQL)?.raw_execute()? > 0 {
+        tx.prepare_cached(SEEN_TAIL_SQL)?.raw_execute()?;
+    }
+    let values = [SqlValue::Integer(ts), SqlValue::Integer(integration), SqlValue::Text(signature.to_string())];
+    let mut seen = tx.prepare_cached(SEEN_SQL)?;
+    bind_dollar(&mut seen, &values)?;
+    if seen.raw_execute()? == 0 {
+        return Ok(false);
+    }
+    let mut log = tx.prepare_cached(SEEN_LOG_SQL)?;
+    bind_dollar(&mut log, &values)?;
+    log.raw_execute()?;
+    tx.prepare_cached(SEEN_LOGGED_SQL)?.raw_execute()?;
+    Ok(true)
+}
+
+/// Drops from memory the signatures of timestamps before `ts` (the log keeps them
+/// until retention).
+fn forget_signatures_before(tx: &rusqlite::Transaction<'_>, ts: i64) -> Result<(), StoreError> {
+    let mut forget = tx.prepare_cached(SEEN_FORGET_SQL)?;
+    bind_dollar(&mut forget, &[SqlValue::Integer(ts)])?;
+    forget.raw_execute()?;
+    Ok(())
 }
 
 /// Whether the integration is still as `used`.
@@ -219,3 +289,7 @@ fn admitted_log(log: &PbxEvent, rate_limited_for_ms: Option<i64>) -> PbxEvent {
 #[cfg(test)]
 #[path = "admit_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "seen_tests.rs"]
+mod seen_tests;
