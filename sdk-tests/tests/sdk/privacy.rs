@@ -115,6 +115,20 @@ async fn retention_deletes_rows_past_their_time_and_nothing_else() {
     .await
     .unwrap();
 
+    // SQLite's log of PBX signatures: one past the window goes, one inside it stays.
+    let sqlite = store.backend() == gateway_server::store::Backend::Sqlite;
+    if sqlite {
+        let now_s = now_ms() / 1000;
+        conn.execute(
+            format!(
+                "INSERT INTO pbx_signature_log (ts, integration_id, signature) VALUES ({}, 1, 'past'), ({now_s}, 1, 'now')",
+                now_s - 601
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+    }
     let report = store.run_retention(&gateway_server::retention_plan(&cx.config, now_ms())).await.unwrap();
     let pruned = |table: &str| report.iter().find(|p| p.table == table).map(|p| p.rows).unwrap();
     assert_eq!(pruned("rate_limits"), 1500);
@@ -124,11 +138,15 @@ async fn retention_deletes_rows_past_their_time_and_nothing_else() {
     assert_eq!(pruned("provider_events"), 2, "the applied raw bodies; the failed one is kept to reprocess");
     assert_eq!(pruned("contacts"), 1);
     assert_eq!(pruned("dashboard_login_throttle"), 1);
+    if sqlite {
+        assert_eq!(pruned("pbx_signature_log"), 1);
+        assert_eq!(count(&mut conn, "SELECT COUNT(*) FROM pbx_signature_log").await, 1);
+    }
     assert_eq!(count(&mut conn, "SELECT COUNT(*) FROM message_log").await, 2);
     assert_eq!(count(&mut conn, "SELECT COUNT(*) FROM provider_events WHERE error IS NOT NULL").await, 1);
     // Every table the job keeps short is in its report, once.
     let named: Vec<&str> = report.iter().map(|p| p.table).collect();
-    assert_eq!(named, tables());
+    assert_eq!(named, tables(store.backend()));
     // A second run finds nothing more.
     let again = store.run_retention(&gateway_server::retention_plan(&cx.config, now_ms())).await.unwrap();
     assert!(again.iter().all(|p| p.rows == 0), "{again:?}");

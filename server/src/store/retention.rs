@@ -143,9 +143,10 @@ const STEPS: &[Step] = &[
     ("policy_gateways", "heartbeat_at < $1", |p| p.now - 24 * 3_600_000),
 ];
 
-/// The tables retention keeps short, each named once.
-pub fn tables() -> Vec<&'static str> {
-    let mut tables: Vec<&'static str> = STEPS.iter().map(|(t, _, _)| *t).collect();
+/// The tables retention keeps short on `backend`, each named once.
+pub fn tables(backend: Backend) -> Vec<&'static str> {
+    let on = |t: &&str| backend == Backend::Sqlite || !SQLITE_ONLY.contains(t);
+    let mut tables: Vec<&'static str> = STEPS.iter().map(|(t, _, _)| *t).filter(on).collect();
     tables.dedup();
     tables
 }

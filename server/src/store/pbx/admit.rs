@@ -90,10 +90,12 @@ pub(in crate::store) const SQLITE_WRITER_SETUP: &str = "PRAGMA temp_store = MEMO
 /// (`pbx::auth::TOLERANCE_SECONDS`, asserted there when the gateway is built), so that a signature is never
 /// forgotten while its timestamp is still accepted.
 pub const SIGNATURE_MEMORY_SECONDS: i64 = 600;
-/// Signatures appended to the log since the writer last read it (by this writer they
-/// are known already: `OR IGNORE`).
+/// Signatures appended to the log since the writer last read it (its own are known
+/// already: `OR IGNORE`).
+/// Past signatures stay out of memory (`$1`, the oldest timestamp kept).
 const SEEN_CATCH_UP_SQL: &str = "INSERT OR IGNORE INTO temp.pbx_seen (ts, integration_id, signature) \
-     SELECT ts, integration_id, signature FROM main.pbx_signature_log WHERE id > (SELECT last FROM temp.pbx_seen_tail)";
+     SELECT ts, integration_id, signature FROM main.pbx_signature_log \
+     WHERE id > (SELECT last FROM temp.pbx_seen_tail) AND ts >= $1";
 const SEEN_TAIL_SQL: &str =
     "UPDATE temp.pbx_seen_tail SET last = (SELECT coalesce(max(id), 0) FROM main.pbx_signature_log)";
 /// No row: a replay.
@@ -101,7 +103,10 @@ const SEEN_SQL: &str = "INSERT INTO temp.pbx_seen (ts, integration_id, signature
      ON CONFLICT (ts, integration_id, signature) DO NOTHING";
 const SEEN_LOG_SQL: &str = "INSERT INTO main.pbx_signature_log (ts, integration_id, signature) VALUES ($1, $2, $3)";
 const SEEN_LOGGED_SQL: &str = "UPDATE temp.pbx_seen_tail SET last = last_insert_rowid()";
-const SEEN_FORGET_SQL: &str = "DELETE FROM temp.pbx_seen WHERE ts < $1";
+/// A few of the oldest signatures before `$1`, at every check: eight for the one each
+/// check adds, so memory keeps pace without a pause to empty a minute's worth at once.
+const SEEN_FORGET_SQL: &str = "DELETE FROM temp.pbx_seen WHERE (ts, integration_id, signature) IN \
+     (SELECT ts, integration_id, signature FROM temp.pbx_seen WHERE ts < $1 ORDER BY ts LIMIT 8)";
 const TAT_SQL: &str = "SELECT tat FROM rate_limits WHERE key = $1";
 /// The integration as it was used: every column the webhook reads that can change.
 const UNCHANGED_SQL: &str = "SELECT 1 FROM pbx_integrations p JOIN customers c ON c.id = p.customer_id \
@@ -214,19 +219,13 @@ fn sqlite_remember(
     integration: i64,
     signature: &str,
 ) -> Result<bool, StoreError> {
-    // At most once a minute (only the writer thread runs this; a batch rolled back
-    // forgets them again a minute later, which is as safe).
-    thread_local! {
-        static NEXT_FORGET: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
-    }
-    let now = now_ms() / 1000;
-    if now >= NEXT_FORGET.get() {
-        NEXT_FORGET.set(now + 60);
-        forget_signatures_before(tx, now - SIGNATURE_MEMORY_SECONDS)?;
-    }
-    if tx.prepare_cached(SEEN_CATCH_UP_SQL)?.raw_execute()? > 0 {
-        tx.prepare_cached(SEEN_TAIL_SQL)?.raw_execute()?;
-    }
+    let kept_from = now_ms() / 1000 - SIGNATURE_MEMORY_SECONDS;
+    forget_signatures_before(tx, kept_from)?;
+    let mut catch_up = tx.prepare_cached(SEEN_CATCH_UP_SQL)?;
+    bind_dollar(&mut catch_up, &[SqlValue::Integer(kept_from)])?;
+    catch_up.raw_execute()?;
+    // On even when every row read was known or past: they are not read again.
+    tx.prepare_cached(SEEN_TAIL_SQL)?.raw_execute()?;
     let values = [SqlValue::Integer(ts), SqlValue::Integer(integration), SqlValue::Text(signature.to_string())];
     let mut seen = tx.prepare_cached(SEEN_SQL)?;
     bind_dollar(&mut seen, &values)?;
@@ -240,8 +239,8 @@ fn sqlite_remember(
     Ok(true)
 }
 
-/// Drops from memory the signatures of timestamps before `ts` (the log keeps them
-/// until retention).
+/// Drops from memory some of the signatures of timestamps before `ts` (see
+/// `SEEN_FORGET_SQL`; the log keeps them until retention).
 fn forget_signatures_before(tx: &rusqlite::Transaction<'_>, ts: i64) -> Result<(), StoreError> {
     let mut forget = tx.prepare_cached(SEEN_FORGET_SQL)?;
     bind_dollar(&mut forget, &[SqlValue::Integer(ts)])?;

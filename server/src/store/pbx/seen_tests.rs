@@ -84,10 +84,16 @@ async fn a_batch_rolled_back_forgets_the_signatures_it_remembered() {
     // Another process appends in the meantime, at the id the lost batch had taken.
     let other = rusqlite::Connection::open(dir.path().join("seen.db")).unwrap();
     other.execute("INSERT INTO pbx_signature_log (ts, integration_id, signature) VALUES (?1, 1, 's2')", [ts]).unwrap();
+    // And one past the memory's window, which stays out of it.
+    let past = ts - SIGNATURE_MEMORY_SECONDS - 1;
+    other
+        .execute("INSERT INTO pbx_signature_log (ts, integration_id, signature) VALUES (?1, 1, 'past')", [past])
+        .unwrap();
     let tx = conn.transaction().unwrap();
     assert!(sqlite_remember(&tx, ts, 1, "s1").unwrap(), "the batch run again admits it");
     assert!(!sqlite_remember(&tx, ts, 1, "s2").unwrap(), "the other process's row was read");
     tx.commit().unwrap();
+    assert_eq!(in_memory(&conn), 2, "s1 and s2, not the past one");
     let tx = conn.transaction().unwrap();
     assert!(!sqlite_remember(&tx, ts, 1, "s1").unwrap());
     assert!(sqlite_remember(&tx, ts, 2, "s1").unwrap(), "another integration's signature");
@@ -110,8 +116,16 @@ fn the_migration_keeps_the_signatures_seen_and_those_a_replica_of_the_last_versi
     )
     .unwrap();
     conn.execute_batch(include_str!("../../../migrations/sqlite/0015_pbx_signature_log.sql")).unwrap();
-    // What the previous version writes, during a rolling upgrade.
-    conn.execute("INSERT INTO pbx_seen_signatures VALUES (30, 2, 'old replica')", []).unwrap();
+    // What the previous version writes, during a rolling upgrade: a new signature is
+    // copied into the log; one this version accepted changes no row, which the previous
+    // version answers as a replay.
+    let previous = "INSERT INTO pbx_seen_signatures (ts, integration_id, signature) VALUES (?1, ?2, ?3) \
+                    ON CONFLICT (ts, integration_id, signature) DO NOTHING";
+    assert_eq!(conn.execute(previous, rusqlite::params![30, 2, "old replica"]).unwrap(), 1);
+    conn.execute("INSERT INTO pbx_signature_log (ts, integration_id, signature) VALUES (40, 1, 'this version')", [])
+        .unwrap();
+    assert_eq!(conn.execute(previous, rusqlite::params![40, 1, "this version"]).unwrap(), 0, "a replay");
+    assert_eq!(conn.execute(previous, rusqlite::params![40, 2, "this version"]).unwrap(), 1, "another integration");
     let log: Vec<(i64, i64, i64, String)> = conn
         .prepare("SELECT id, ts, integration_id, signature FROM pbx_signature_log ORDER BY id")
         .unwrap()
@@ -119,6 +133,12 @@ fn the_migration_keeps_the_signatures_seen_and_those_a_replica_of_the_last_versi
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap();
-    let want = [(1, 10, 1, "earlier"), (2, 20, 1, "later"), (3, 30, 2, "old replica")];
+    let want = [
+        (1, 10, 1, "earlier"),
+        (2, 20, 1, "later"),
+        (3, 30, 2, "old replica"),
+        (4, 40, 1, "this version"),
+        (5, 40, 2, "this version"),
+    ];
     assert_eq!(log, want.map(|(i, t, n, s)| (i, t, n, s.to_string())));
 }
