@@ -87,12 +87,11 @@ pub(in crate::store) const SQLITE_WRITER_SETUP: &str = "PRAGMA temp_store = MEMO
      INSERT INTO temp.pbx_seen_tail (last) VALUES (0);";
 /// How long a signature is remembered after the time it signs (by the SQLite writer in
 /// memory, and by retention in the tables): at least twice the webhook's tolerance
-/// (`pbx::auth::TOLERANCE_SECONDS`, asserted there when the gateway is built), so that a signature is never
-/// forgotten while its timestamp is still accepted.
+/// (`pbx::auth::TOLERANCE_SECONDS`, asserted there when the gateway is built), so that
+/// a signature is never forgotten while its timestamp is still accepted.
 pub const SIGNATURE_MEMORY_SECONDS: i64 = 600;
 /// Signatures appended to the log since the writer last read it (its own are known
-/// already: `OR IGNORE`).
-/// Past signatures stay out of memory (`$1`, the oldest timestamp kept).
+/// already: `OR IGNORE`), except those past the window (`$1`, the oldest kept).
 const SEEN_CATCH_UP_SQL: &str = "INSERT OR IGNORE INTO temp.pbx_seen (ts, integration_id, signature) \
      SELECT ts, integration_id, signature FROM main.pbx_signature_log \
      WHERE id > (SELECT last FROM temp.pbx_seen_tail) AND ts >= $1";
