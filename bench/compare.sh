@@ -42,10 +42,18 @@ run() { # name binary database_url port
   kill %1; wait %1 2>/dev/null || true
 }
 
+# Which build runs first alternates from round to round: on this machine the first or
+# the second run of a pair can be the faster one by more than a change being measured
+# (BENCHMARKS.md, issue 22, sixteenth session).
 for round in $(seq 1 "$ROUNDS"); do
-  run "sqlite, base" "$BASE_BIN" "sqlite://$work/base$round.db?mode=rwc" 18082
-  run "sqlite, this" "$BIN/gateway" "sqlite://$work/this$round.db?mode=rwc" 18083
-  run "postgres, base" "$BASE_BIN" "$(pg_fresh)" 18084
-  run "postgres, this" "$BIN/gateway" "$(pg_fresh)" 18085
+  if [ $((round % 2)) = 1 ]; then order="base this"; else order="this base"; fi
+  for build in $order; do
+    bin=$BASE_BIN; [ "$build" = this ] && bin=$BIN/gateway
+    run "sqlite, $build" "$bin" "sqlite://$work/$build$round.db?mode=rwc" 18082
+  done
+  for build in $order; do
+    bin=$BASE_BIN; [ "$build" = this ] && bin=$BIN/gateway
+    run "postgres, $build" "$bin" "$(pg_fresh)" 18084
+  done
 done
 pg_drop
