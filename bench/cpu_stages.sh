@@ -27,7 +27,7 @@ sends() { # metrics port -> requests answered on /api/send-message so far
     awk '/^gateway_http_request_duration_seconds_count\{route="\/api\/send-message"\}/ {print $2}'
 }
 
-profile() { # name database_url port
+run() { # name database_url port (each_store calls it)
   local name=$1 db=$2 port=$3 mport=$(($3 + 100))
   local key cus
   demo_tenant "$GW" "$db"
@@ -56,9 +56,4 @@ profile() { # name database_url port
   kill $pid; wait $pid 2>/dev/null || true
 }
 
-for store in $STORES; do
-  case $store in
-    sqlite) profile sqlite "sqlite://$work/cpu.db?mode=rwc" 18094 ;;
-    postgres) profile postgres "$(pg_fresh)" 18095; pg_drop ;;
-  esac
-done
+each_store cpu 18094 18095
