@@ -47,13 +47,12 @@ run() { # name binary database_url port
 # (BENCHMARKS.md, issue 22, sixteenth session).
 for round in $(seq 1 "$ROUNDS"); do
   if [ $((round % 2)) = 1 ]; then order="base this"; else order="this base"; fi
-  for build in $order; do
-    bin=$BASE_BIN; [ "$build" = this ] && bin=$BIN/gateway
-    run "sqlite, $build" "$bin" "sqlite://$work/$build$round.db?mode=rwc" 18082
-  done
-  for build in $order; do
-    bin=$BASE_BIN; [ "$build" = this ] && bin=$BIN/gateway
-    run "postgres, $build" "$bin" "$(pg_fresh)" 18084
+  for store in sqlite postgres; do
+    for build in $order; do
+      bin=$BASE_BIN; [ "$build" = this ] && bin=$BIN/gateway
+      db="sqlite://$work/$build$round.db?mode=rwc"; [ "$store" = postgres ] && db=$(pg_fresh)
+      run "$store, $build" "$bin" "$db" 18082
+    done
   done
 done
 pg_drop

@@ -7,11 +7,12 @@
 #   bench/cpu_stages.sh                     # needs wrk and linux-perf (Debian), as root
 #   GW_BIN=/tmp/other STORES=postgres bench/cpu_stages.sh
 #
-# `perf record --call-graph dwarf` samples the gateway's threads at HZ (default 499) for
-# RECORD seconds (default 4) from 3 s into the load; bench/cpu_stages.py puts each sample in
-# the stage its stack names and divides by the sends answered in as long (the rate from
-# the metrics' request count before and after, perf's start and stop included). On PostgreSQL the database's own CPU a send (its
-# server processes, from /proc, over the whole load) is printed too.
+# `perf record --call-graph dwarf` samples the gateway's threads at HZ (default 499)
+# for RECORD seconds (default 4) from 3 s into the load; bench/cpu_stages.py puts each
+# sample in the stage its stack names and divides by the sends answered in as long (the
+# rate from the metrics' request count before and after, perf's start and stop
+# included). On PostgreSQL the database's own CPU a send (its server processes, from
+# /proc, over the whole load) is printed too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
