@@ -69,6 +69,16 @@ async fn prometheus_scrapes_the_metrics_listener_and_reads_the_send_counter_back
     ] {
         assert!(text.contains(line), "{line} is not in:\n{text}");
     }
+    // The writer's batches by how long each took: each send wrote its attempt, then its
+    // outcome, one after the other, so at least four batches, every one in `+Inf`.
+    let value = |name: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} is not in:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let batches = value("gateway_store_write_batch_seconds_count ");
+    assert!(batches >= 4, "{batches} batches");
+    assert_eq!(value("gateway_store_write_batch_seconds_bucket{le=\"+Inf\"} "), batches);
+    assert!(value("gateway_store_write_batch_seconds_bucket{le=\"1\"} ") <= batches);
     // The exposition passes Prometheus's own linter.
     let mut lint = tool("promtool")
         .args(["check", "metrics"])
@@ -157,7 +167,16 @@ async fn prometheus_scrapes_the_metrics_listener_and_reads_the_send_counter_back
     let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/alerts.yml");
     let checked = tool("promtool").args(["check", "rules", rules]).output().unwrap();
     assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stdout));
-    assert!(String::from_utf8_lossy(&checked.stdout).contains("SUCCESS: 6 rules found"));
+    assert!(String::from_utf8_lossy(&checked.stdout).contains("SUCCESS: 7 rules found"));
+    // And fire as their unit tests say (deploy/prometheus/alerts_test.yml).
+    let cases = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus/alerts_test.yml");
+    let tested = tool("promtool").args(["test", "rules", cases]).output().unwrap();
+    assert!(
+        tested.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&tested.stdout),
+        String::from_utf8_lossy(&tested.stderr)
+    );
     kill(server);
     db.drop_it().await;
 }

@@ -18,6 +18,7 @@ use prometheus::{
 };
 use std::sync::{Arc, LazyLock};
 
+mod batch_seconds;
 mod http_requests;
 pub use http_requests::{HttpDrain, Routes, UNMATCHED};
 
@@ -122,6 +123,7 @@ impl Metrics {
         )
         .expect("a valid counter");
         registry.register(Box::new(write_seconds.clone())).expect("registered once");
+        registry.register(Box::new(batch_seconds::WriteBatches::new())).expect("registered once");
         Metrics {
             write_batches: plain_counter(
                 &registry,

@@ -41,6 +41,7 @@ mod test_postgres;
 mod webhooks;
 mod writer;
 pub use writer::stats as write_stats;
+pub use writer::{BATCH_BOUNDS_US as WRITE_BATCH_BOUNDS_US, batch_durations as write_batch_durations};
 /// Statements whose plans the tests check: each must find its rows by key, however few
 /// rows the tables hold (the batch ones name their rows in a JSON list).
 pub mod keyed_statements {

@@ -230,13 +230,35 @@ pub fn stats() -> (u64, u64, u64) {
     (BATCHES.load(Ordering::Relaxed), WRITES.load(Ordering::Relaxed), BUSY_US.load(Ordering::Relaxed))
 }
 
+/// Upper bounds, in microseconds, of the buckets batches are counted in by how long each
+/// took (the last bucket, past them all, is not listed): its transaction and its commit,
+/// SQLite's checkpoints and the disk's syncs included. The mean hides what an operator
+/// needs to see here: a batch that stalls holds every send queued behind it (BENCHMARKS.md,
+/// issue 22, seventeenth session).
+pub const BATCH_BOUNDS_US: [u64; 13] =
+    [100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000, 1_000_000];
+static BATCH_BUCKETS: [AtomicU64; BATCH_BOUNDS_US.len() + 1] = [const { AtomicU64::new(0) }; BATCH_BOUNDS_US.len() + 1];
+
+/// The batches since the process started, by how long each took: the count of each
+/// bucket of `BATCH_BOUNDS_US` alone (not cumulative), the last one past them all.
+pub fn batch_durations() -> [u64; BATCH_BOUNDS_US.len() + 1] {
+    std::array::from_fn(|i| BATCH_BUCKETS[i].load(Ordering::Relaxed))
+}
+
+/// The bucket of a batch that took `us` microseconds.
+fn batch_bucket(us: u64) -> usize {
+    BATCH_BOUNDS_US.partition_point(|bound| *bound < us)
+}
+
 fn log_batch(log: &Option<slog::Logger>, writes: usize, ok: bool, started: std::time::Instant) {
+    let took_us = started.elapsed().as_micros() as u64;
     BATCHES.fetch_add(1, Ordering::Relaxed);
     WRITES.fetch_add(writes as u64, Ordering::Relaxed);
-    BUSY_US.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    BUSY_US.fetch_add(took_us, Ordering::Relaxed);
+    BATCH_BUCKETS[batch_bucket(took_us)].fetch_add(1, Ordering::Relaxed);
     if let Some(log) = log {
         slog::debug!(log, "write batch"; "writes" => writes, "ok" => ok,
-                     "elapsed_us" => started.elapsed().as_micros() as u64);
+                     "elapsed_us" => took_us);
     }
 }
 
@@ -669,6 +691,17 @@ async fn live_connection(pool: &AnyPool) -> Result<sqlx::pool::PoolConnection<sq
 mod tests {
     use super::*;
     use crate::store::test_postgres::{drop_database, postgres_store};
+
+    #[test]
+    fn a_batch_is_counted_in_the_first_bucket_whose_bound_it_does_not_pass() {
+        assert_eq!(batch_bucket(0), 0);
+        assert_eq!(batch_bucket(100), 0, "a bound is inclusive, as Prometheus's `le`");
+        assert_eq!(batch_bucket(101), 1);
+        assert_eq!(batch_bucket(4_999), 5);
+        assert_eq!(batch_bucket(1_000_000), BATCH_BOUNDS_US.len() - 1);
+        assert_eq!(batch_bucket(1_000_001), BATCH_BOUNDS_US.len(), "past every bound");
+        assert!(BATCH_BOUNDS_US.windows(2).all(|w| w[0] < w[1]));
+    }
 
     #[test]
     fn sqlite_urls_name_their_file() {
