@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Where the p99 of send-message comes from at an offered RATE (default 1,000 req/s, open
 # loop: server/examples/openloop.rs), on SQLite and on PostgreSQL: the generator's line;
-# each stage's quantiles from the gateway's histograms (gateway_send_stage_seconds and the
-# HTTP request's; each figure is the upper bound of the bucket the quantile falls in);
+# each stage's quantiles from the gateway's histograms (gateway_send_stage_seconds, the
+# HTTP request's, and the store writer's batches, gateway_store_write_batch_seconds; each
+# figure is the upper bound of the bucket the quantile falls in);
 # and the stalls: runs of answers that took SLOW ms or more (default 8), each with when it
 # began in the run, how long it lasted (from the first slow request's due time to the
 # last one's answer) and how many requests it held.
@@ -41,19 +42,20 @@ import re, sys
 def buckets(path):
     out = {}
     for line in open(path):
-        m = re.match(r'(gateway_send_stage_seconds|gateway_http_request_duration_seconds)_bucket\{(.*)\} (\S+)', line)
+        m = re.match(r'(gateway_send_stage_seconds|gateway_http_request_duration_seconds|gateway_store_write_batch_seconds)'
+                     r'_bucket\{(.*)\} (\S+)', line)
         if not m:
             continue
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m[2]))
         if labels.get("route", "/api/send-message") != "/api/send-message":
             continue
-        name = labels.get("stage", "http")
+        name = labels.get("stage", "batch" if m[1].startswith("gateway_store") else "http")
         out.setdefault(name, {})[float(labels["le"])] = float(m[3])
     return out
 
 before, after = buckets(sys.argv[1]), buckets(sys.argv[2])
-print("  stage      n       p50 ≤    p90 ≤    p99 ≤  p99.9 ≤   (ms, bucket bounds)")
-for stage in ["http", "handler", "auth", "schema", "read", "policies", "begin", "provider", "settle"]:
+print("  stage      n       p50 ≤    p90 ≤    p99 ≤  p99.9 ≤    max ≤   (ms, bucket bounds)")
+for stage in ["http", "handler", "auth", "schema", "read", "policies", "begin", "provider", "settle", "batch"]:
     if stage not in after:
         continue
     counts = {le: n - before.get(stage, {}).get(le, 0) for le, n in after[stage].items()}
@@ -63,7 +65,7 @@ for stage in ["http", "handler", "auth", "schema", "read", "policies", "begin", 
     def q(p):
         le = next(le for le in sorted(counts) if counts[le] >= p * total)
         return "inf" if le == float("inf") else f"{le * 1e3:g}"
-    print(f"  {stage:9} {total:6.0f} " + " ".join(f"{q(p):>8}" for p in (0.5, 0.9, 0.99, 0.999)))
+    print(f"  {stage:9} {total:6.0f} " + " ".join(f"{q(p):>8}" for p in (0.5, 0.9, 0.99, 0.999, 1)))
 
 slow = float(sys.argv[4])
 runs = []

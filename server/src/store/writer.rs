@@ -251,11 +251,14 @@ fn batch_bucket(us: u64) -> usize {
 }
 
 fn log_batch(log: &Option<slog::Logger>, writes: usize, ok: bool, started: std::time::Instant) {
-    let took_us = started.elapsed().as_micros() as u64;
+    // Rounded up, so that a batch just past a bound is not counted within it.
+    let took_us = started.elapsed().as_nanos().div_ceil(1_000) as u64;
+    // Its bucket first: a scrape reads the batches counted, then the buckets, so these
+    // hold at least every batch that counter does.
+    BATCH_BUCKETS[batch_bucket(took_us)].fetch_add(1, Ordering::Relaxed);
     BATCHES.fetch_add(1, Ordering::Relaxed);
     WRITES.fetch_add(writes as u64, Ordering::Relaxed);
     BUSY_US.fetch_add(took_us, Ordering::Relaxed);
-    BATCH_BUCKETS[batch_bucket(took_us)].fetch_add(1, Ordering::Relaxed);
     if let Some(log) = log {
         slog::debug!(log, "write batch"; "writes" => writes, "ok" => ok,
                      "elapsed_us" => took_us);
