@@ -236,6 +236,7 @@ async fn only_a_module_that_reads_the_counters_is_asked_again() {
     assert_eq!((count("purpose"), count("content")), (60, 60), "asked once per send");
     assert!(count("pacing") > 60, "pacing asked again for sends that raced: {}", count("pacing"));
     kill(server);
+    db.drop_it().await;
 }
 
 #[tokio::test]

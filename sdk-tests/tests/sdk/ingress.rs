@@ -562,6 +562,7 @@ async fn the_inbound_log_exports_as_csv_with_the_instance_filter() {
     expected.sort();
     assert_eq!(exported, expected, "every formula is defused, behind whitespace or in fullwidth form too");
     assert!(rows.iter().any(|r| r[from] == "+5511999990000"));
+    s.cx.teardown().await;
 }
 
 /// The provider's echo of a send (`send.message`) settles the `unknown` send it belongs
