@@ -72,14 +72,10 @@ async fn prometheus_scrapes_the_metrics_listener_and_reads_the_send_counter_back
     // The writer's batches by how long each took: each send wrote its attempt, then its
     // outcome, one after the other, so at least four batches; and every batch the
     // writer's counter counts (read first, within the same scrape) is in a bucket.
-    let value = |name: &str| -> u64 {
-        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} is not in:\n{text}"));
-        line.rsplit(' ').next().unwrap().parse().unwrap()
-    };
-    let batches = value("gateway_store_write_batch_seconds_count ");
+    let batches = sample(&text, "gateway_store_write_batch_seconds_count");
     assert!(batches >= 4, "{batches} batches");
-    assert!(batches >= value("gateway_store_write_batches_total "), "{text}");
-    assert_eq!(value("gateway_store_write_batch_seconds_bucket{le=\"+Inf\"} "), batches);
+    assert!(batches >= sample(&text, "gateway_store_write_batches_total"), "{text}");
+    assert_eq!(sample(&text, "gateway_store_write_batch_seconds_bucket{le=\"+Inf\"}"), batches);
     // The exposition passes Prometheus's own linter.
     let mut lint = tool("promtool")
         .args(["check", "metrics"])
@@ -197,6 +193,13 @@ fn documented_families() -> Vec<String> {
     families
 }
 
+/// The value of `series` (its name and labels, exactly) in an exposition, a whole number.
+fn sample(text: &str, series: &str) -> u64 {
+    let line = text.lines().find(|l| l.rsplit_once(' ').is_some_and(|(s, _)| s == series));
+    let line = line.unwrap_or_else(|| panic!("{series} is not in:\n{text}"));
+    line.rsplit_once(' ').unwrap().1.parse().unwrap()
+}
+
 /// Each series of an exposition (its name and labels), without its value.
 fn series(text: &str) -> std::collections::BTreeSet<String> {
     text.lines()
@@ -228,11 +231,8 @@ async fn only_a_module_that_reads_the_counters_is_asked_again() {
     assert!(answers.iter().all(|s| *s == 200 || *s == 403), "{answers:?}");
     assert!(answers.contains(&200) && answers.contains(&403), "pacing's caps hold: {answers:?}");
     let text = http.get(format!("http://{metrics_listen}/metrics")).send().await.unwrap().text().await.unwrap();
-    let count = |module: &str| -> u64 {
-        let series = format!("gateway_policy_evaluation_seconds_count{{module=\"{module}\"}} ");
-        let line = text.lines().find(|l| l.starts_with(&series)).unwrap_or_else(|| panic!("{series}: {text}"));
-        line[series.len()..].trim().parse().unwrap()
-    };
+    let count =
+        |module: &str| sample(&text, &format!("gateway_policy_evaluation_seconds_count{{module=\"{module}\"}}"));
     assert_eq!((count("purpose"), count("content")), (60, 60), "asked once per send");
     assert!(count("pacing") > 60, "pacing asked again for sends that raced: {}", count("pacing"));
     kill(server);
