@@ -452,6 +452,12 @@ async fn pacing_caps_are_exact_under_concurrency() {
     let log = cx.store().recent_log(&cx.tenant.customer_id, 100).await.unwrap();
     assert_eq!(log.iter().filter(|(_, e)| e.status == "sent").count(), 10);
     assert_eq!(log.len(), 40, "every attempt has one row");
+    // Refused before its attempt row, or after it, once the counters it took said
+    // otherwise: either way a refusal, as decision and as status.
+    assert!(
+        log.iter()
+            .all(|(_, e)| e.status == "sent" || (e.status.as_str(), e.decision.as_str()) == ("refused", "refused"))
+    );
     // One reading of the clock: two (`now - now % day`) name the millisecond before
     // midnight whenever the clock ticks between them (0 where 10 was due, once in about
     // 200 runs).

@@ -84,10 +84,16 @@ const UNDO_PENDING_SQL: &str = "DELETE FROM message_log WHERE id = $1";
 const INSERT_PENDING_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
      recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, \
      policy_trace, request_id, correlation_id, deadline_at, idem_key, owner_lease) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) RETURNING id";
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)";
+/// A settle that changes the row's decision (`$7`: a refusal that held at the provider);
+/// [`FINISH_KEEP_DECISION_SQL`] for every other, since SQLite rewrites the entry of each
+/// index on a column an `UPDATE` names (the time index, the refusals) even when the value
+/// stays the same.
 const FINISH_SQL: &str = "UPDATE message_log SET status = $2, error_code = $3, policy = $4, reason = $5, \
-     provider_message_id = $6, decision = COALESCE($7, decision), deadline_at = NULL \
+     provider_message_id = $6, decision = $7, deadline_at = NULL \
      WHERE id = $1 AND status = 'pending'";
+const FINISH_KEEP_DECISION_SQL: &str = "UPDATE message_log SET status = $2, error_code = $3, policy = $4, \
+     reason = $5, provider_message_id = $6, deadline_at = NULL WHERE id = $1 AND status = 'pending'";
 const RELEASE_SQL: &str = "DELETE FROM idempotency_keys WHERE customer_id = $1 AND idem_key = $2 AND log_id = $3";
 const ANSWER_SQL: &str = "UPDATE idempotency_keys SET response_status = $4, response_body = $5, lease_until = NULL \
      WHERE customer_id = $1 AND idem_key = $2 AND log_id = $3 AND response_status IS NULL";
@@ -222,7 +228,10 @@ fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<Began, Stor
     };
     let mut insert = tx.prepare_cached(INSERT_PENDING_SQL)?;
     bind_dollar(&mut insert, &pending_values(b))?;
-    let id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
+    insert.raw_execute()?;
+    // The row's id is its rowid. Not read with `RETURNING`, which SQLite gathers in a
+    // table of its own, a cost per send (BENCHMARKS.md, issue 22, eighteenth session).
+    let id = tx.last_insert_rowid();
     // The key is taken here, with its attempt row, in the attempt's own write: free,
     // or already this request's. If another request with the key got there first,
     // this write takes back what it did (the rare path pays, not every send).
@@ -240,19 +249,23 @@ fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<Began, Stor
 
 /// `finish` on SQLite, inside the writer's transaction.
 fn sqlite_finish(tx: &rusqlite::Transaction<'_>, f: &Finish) -> Result<bool, StoreError> {
-    let mut update = tx.prepare_cached(FINISH_SQL)?;
-    bind_dollar(
-        &mut update,
-        &[
-            SqlValue::Integer(f.log_id),
-            SqlValue::Text(f.status.clone()),
-            text(&f.error_code),
-            text(&f.policy),
-            text(&f.reason),
-            text(&f.provider_message_id),
-            text(&f.decision),
-        ],
-    )?;
+    let mut values = vec![
+        SqlValue::Integer(f.log_id),
+        SqlValue::Text(f.status.clone()),
+        text(&f.error_code),
+        text(&f.policy),
+        text(&f.reason),
+        text(&f.provider_message_id),
+    ];
+    let sql = match &f.decision {
+        Some(decision) => {
+            values.push(SqlValue::Text(decision.clone()));
+            FINISH_SQL
+        }
+        None => FINISH_KEEP_DECISION_SQL,
+    };
+    let mut update = tx.prepare_cached(sql)?;
+    bind_dollar(&mut update, &values)?;
     if update.raw_execute()? == 0 {
         return Ok(false);
     }

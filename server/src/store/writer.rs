@@ -54,7 +54,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// Largest number of writes in one transaction.
-const MAX_BATCH: usize = 256;
+pub(super) const MAX_BATCH: usize = 256;
 
 /// The PostgreSQL writer's lanes (see the header).
 pub(super) mod lane {
@@ -347,7 +347,24 @@ mod busy {
     }
 }
 
+thread_local! {
+    /// The serial of the transaction the SQLite writer thread runs or ran last (0 on
+    /// any other thread).
+    static TRANSACTION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Which transaction of the SQLite writer this thread is in: a serial that changes with
+/// each transaction, retries of a failed batch's writes included; 0 on any other thread,
+/// where a caller must take each transaction for a new one. A write whose work is needed
+/// once a transaction rather than once a write (the PBX replay check's catch-up with what
+/// other processes appended, which cannot change while the writer holds the lock) keeps
+/// the serial it last did it in.
+pub(super) fn sqlite_transaction() -> u64 {
+    TRANSACTION.get()
+}
+
 fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result<(), StoreError> {
+    TRANSACTION.set(TRANSACTION.get() + 1);
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     for unit in batch.iter_mut() {
         unit.sqlite(&tx)?;
@@ -729,6 +746,63 @@ mod tests {
         assert!(tries >= 8, "only {tries} tries in {waited:?}");
         // A new wait starts its clock again.
         assert!(super::busy::poll(0));
+    }
+
+    /// A write that answers the transaction it ran in (or fails).
+    struct Serial(bool);
+
+    impl Write for Serial {
+        type Output = u64;
+
+        fn sqlite(&self, _tx: &rusqlite::Transaction<'_>) -> Result<u64, StoreError> {
+            if self.0 { Err(StoreError::Conflict("this write fails".into())) } else { Ok(sqlite_transaction()) }
+        }
+
+        fn postgres(&self) -> Postgres {
+            Postgres::Statements(Vec::new())
+        }
+
+        fn read_postgres(&self, _answer: PgAnswer) -> Result<u64, StoreError> {
+            Ok(0)
+        }
+    }
+
+    /// Runs `fails` (one write each) as one batch on `conn`; the serial each write saw.
+    fn serials(conn: &mut rusqlite::Connection, fails: &[bool]) -> Vec<Option<u64>> {
+        let (mut batch, mut answers) = (Vec::new(), Vec::new());
+        for fail in fails {
+            let (reply, answer) = oneshot::channel();
+            batch.push(Box::new(Pending { write: Serial(*fail), output: None, reply }) as Queued);
+            answers.push(answer);
+        }
+        let failure = sqlite_batch(conn, &mut batch).err();
+        for unit in batch {
+            unit.reply(failure.as_ref().map(|e| StoreError::Conflict(e.to_string())));
+        }
+        answers.into_iter().map(|mut a| a.try_recv().unwrap().ok()).collect()
+    }
+
+    /// The writes of one transaction see one serial; the next transaction, whether the
+    /// last committed or failed (each write of a failed batch runs again alone), another.
+    /// What the PBX replay check's catch-up, once a transaction, relies on.
+    #[test]
+    fn each_sqlite_transaction_has_a_serial_of_its_own() {
+        let first = std::thread::spawn(|| {
+            let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+            let outside = sqlite_transaction();
+            let one = serials(&mut conn, &[false, false]);
+            let two = serials(&mut conn, &[false, true]);
+            let three = serials(&mut conn, &[false]);
+            (outside, one, two, three)
+        });
+        let (outside, one, two, three) = first.join().unwrap();
+        assert_eq!(outside, 0, "no transaction yet on this thread");
+        let s = one[0].unwrap();
+        assert!(s > 0);
+        assert_eq!(one, [Some(s), Some(s)], "one batch, one transaction");
+        assert_eq!(two, [None, None], "a failed batch answers nothing");
+        assert_eq!(three, [Some(s + 2)], "the failed transaction had its own serial");
+        assert_eq!(sqlite_transaction(), 0, "another thread's serial is its own");
     }
 
     /// A write that inserts `n` into the test's table `probe`.

@@ -10,9 +10,10 @@
 //! (two thirds of its pages, BENCHMARKS.md, issue 22). The signatures are appended to
 //! `pbx_signature_log` in arrival order (migration 0015), and the writer's connection
 //! keeps the window's signatures in `temp.pbx_seen`, a table in memory that only it
-//! sees. Before each check the writer reads the log on from the last id it saw, so rows
-//! a replica on the same file appended are known; both temporary tables are written in
-//! the batch's transaction, so a batch rolled back forgets what it added there too.
+//! sees. At the first check of each transaction the writer reads the log on from the
+//! last id it saw, so rows a replica on the same file appended are known (nobody else
+//! appends while the writer holds the lock); both temporary tables are written in the
+//! batch's transaction, so a batch rolled back forgets what it added there too.
 //!
 //! The first check is what lets the webhook take its integration from the cache
 //! (`store::cache`): a rotated secret, a new allowlist, a changed setting or a PBX
@@ -20,9 +21,9 @@
 //! returned, which then writes nothing and answers [`Admission::Stale`], and the
 //! request is checked again against the integration read anew.
 
-use super::super::writer::{PgAnswer, Postgres, Write, unexpected};
+use super::super::writer::{MAX_BATCH, PgAnswer, Postgres, Write, sqlite_transaction, unexpected};
 use super::super::{Store, StoreError, bind_dollar, now_ms};
-use super::{INSERT_EVENT_SQL, PbxEvent, PbxIntegration, event_values};
+use super::{PbxEvent, PbxIntegration, insert_event_sqlite};
 use rusqlite::types::Value as SqlValue;
 use std::sync::Arc;
 
@@ -70,13 +71,15 @@ pub enum Admission {
     },
 }
 
-/// The GCRA upsert (SQLite; PostgreSQL runs the same logic in `gateway_pbx_admit`).
+/// The GCRA upsert (SQLite; PostgreSQL runs the same logic in `gateway_pbx_admit`): it
+/// changes one row when the request is allowed and none when it is refused. No
+/// `RETURNING`: SQLite gathers a statement's returned rows in a table of their own, a
+/// cost the row count does not have (BENCHMARKS.md, issue 22, eighteenth session).
 const RATE_SQL: &str = "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($1, $2 + $3, $2 + $3) \
      ON CONFLICT (key) DO UPDATE SET \
        tat = (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) + $3, \
        expires_at = (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) + $3 \
-     WHERE (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) - $2 <= $4 \
-     RETURNING tat";
+     WHERE (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) - $2 <= $4";
 /// The writer connection's signatures of the window (SQLite), and the last id of
 /// `pbx_signature_log` it has read; run once when the connection opens, outside any
 /// transaction. `temp_store = MEMORY` keeps the temporary tables off the disk.
@@ -102,10 +105,12 @@ const SEEN_SQL: &str = "INSERT INTO temp.pbx_seen (ts, integration_id, signature
      ON CONFLICT (ts, integration_id, signature) DO NOTHING";
 const SEEN_LOG_SQL: &str = "INSERT INTO main.pbx_signature_log (ts, integration_id, signature) VALUES ($1, $2, $3)";
 const SEEN_LOGGED_SQL: &str = "UPDATE temp.pbx_seen_tail SET last = last_insert_rowid()";
-/// A few of the oldest signatures before `$1`, at every check: eight for the one each
-/// check adds, so memory keeps pace without a pause to empty a minute's worth at once.
+/// Some of the oldest signatures before `$1`, at the first check of each transaction:
+/// up to twice as many as the transaction can add (one a write), so memory keeps pace
+/// without a pause to empty a minute's worth at once.
 const SEEN_FORGET_SQL: &str = "DELETE FROM temp.pbx_seen WHERE (ts, integration_id, signature) IN \
-     (SELECT ts, integration_id, signature FROM temp.pbx_seen WHERE ts < $1 ORDER BY ts LIMIT 8)";
+     (SELECT ts, integration_id, signature FROM temp.pbx_seen WHERE ts < $1 ORDER BY ts LIMIT $2)";
+const FORGET_AT_ONCE: i64 = 2 * MAX_BATCH as i64;
 const TAT_SQL: &str = "SELECT tat FROM rate_limits WHERE key = $1";
 /// The integration as it was used: every column the webhook reads that can change.
 const UNCHANGED_SQL: &str = "SELECT 1 FROM pbx_integrations p JOIN customers c ON c.id = p.customer_id \
@@ -194,7 +199,7 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
                 SqlValue::Integer(rate.tolerance_ms),
             ],
         )?;
-        let allowed = stmt.raw_query().next()?.is_some();
+        let allowed = stmt.raw_execute()? == 1;
         if !allowed {
             let tat: i64 = tx.prepare_cached(TAT_SQL)?.query_row([&rate.key], |row| row.get(0))?;
             rate_limited_for_ms = Some(tat - now - rate.tolerance_ms);
@@ -203,11 +208,15 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
     let mut log_id = None;
     if let Some(log) = &a.log {
         let log = admitted_log(log, rate_limited_for_ms);
-        let mut insert = tx.prepare_cached(INSERT_EVENT_SQL)?;
-        bind_dollar(&mut insert, &event_values(&log))?;
-        log_id = Some(insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?);
+        log_id = Some(insert_event_sqlite(tx, &log)?);
     }
     Ok(Admission::Admitted { rate_limited_for_ms, log_id })
+}
+
+std::thread_local! {
+    /// The writer's transaction (`writer::sqlite_transaction`) whose first check brought
+    /// the memory up to date.
+    static CAUGHT_UP_IN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Remembers a signature; false when it was seen before (a replay). See the module's
@@ -218,13 +227,12 @@ fn sqlite_remember(
     integration: i64,
     signature: &str,
 ) -> Result<bool, StoreError> {
-    let kept_from = now_ms() / 1000 - SIGNATURE_MEMORY_SECONDS;
-    forget_signatures_before(tx, kept_from)?;
-    let mut catch_up = tx.prepare_cached(SEEN_CATCH_UP_SQL)?;
-    bind_dollar(&mut catch_up, &[SqlValue::Integer(kept_from)])?;
-    catch_up.raw_execute()?;
-    // On even when every row read was known or past: they are not read again.
-    tx.prepare_cached(SEEN_TAIL_SQL)?.raw_execute()?;
+    // Once a transaction: while the writer holds the lock no other process appends,
+    // and this transaction's own appends move the last id read on as they go.
+    let serial = sqlite_transaction();
+    if serial == 0 || CAUGHT_UP_IN.replace(serial) != serial {
+        catch_up(tx)?;
+    }
     let values = [SqlValue::Integer(ts), SqlValue::Integer(integration), SqlValue::Text(signature.to_string())];
     let mut seen = tx.prepare_cached(SEEN_SQL)?;
     bind_dollar(&mut seen, &values)?;
@@ -238,11 +246,24 @@ fn sqlite_remember(
     Ok(true)
 }
 
-/// Drops from memory some of the signatures of timestamps before `ts` (see
-/// `SEEN_FORGET_SQL`; the log keeps them until retention).
+/// Brings the memory up to date at the first check of a transaction: forgets some of
+/// the signatures past the window, then reads the rows other processes appended.
+fn catch_up(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+    let kept_from = now_ms() / 1000 - SIGNATURE_MEMORY_SECONDS;
+    forget_signatures_before(tx, kept_from)?;
+    let mut catch_up = tx.prepare_cached(SEEN_CATCH_UP_SQL)?;
+    bind_dollar(&mut catch_up, &[SqlValue::Integer(kept_from)])?;
+    catch_up.raw_execute()?;
+    // On even when every row read was known or past: they are not read again.
+    tx.prepare_cached(SEEN_TAIL_SQL)?.raw_execute()?;
+    Ok(())
+}
+
+/// Drops from memory up to `FORGET_AT_ONCE` of the signatures of timestamps before `ts`,
+/// older first (the log keeps them until retention).
 fn forget_signatures_before(tx: &rusqlite::Transaction<'_>, ts: i64) -> Result<(), StoreError> {
     let mut forget = tx.prepare_cached(SEEN_FORGET_SQL)?;
-    bind_dollar(&mut forget, &[SqlValue::Integer(ts)])?;
+    bind_dollar(&mut forget, &[SqlValue::Integer(ts), SqlValue::Integer(FORGET_AT_ONCE)])?;
     forget.raw_execute()?;
     Ok(())
 }
