@@ -228,7 +228,9 @@ fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<Began, Stor
     };
     let mut insert = tx.prepare_cached(INSERT_PENDING_SQL)?;
     bind_dollar(&mut insert, &pending_values(b))?;
-    insert.raw_execute()?;
+    if insert.raw_execute()? != 1 {
+        return Err(StoreError::Conflict("an attempt's row was not written".into()));
+    }
     // The row's id is its rowid. Not read with `RETURNING`, which SQLite gathers in a
     // table of its own, a cost per send (BENCHMARKS.md, issue 22, eighteenth session).
     let id = tx.last_insert_rowid();

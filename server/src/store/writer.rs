@@ -782,9 +782,10 @@ mod tests {
         answers.into_iter().map(|mut a| a.try_recv().unwrap().ok()).collect()
     }
 
-    /// The writes of one transaction see one serial; the next transaction, whether the
-    /// last committed or failed (each write of a failed batch runs again alone), another.
-    /// What the PBX replay check's catch-up, once a transaction, relies on.
+    /// The writes of one transaction see one serial; the next transaction another,
+    /// whether the last committed or failed (a failed batch's transaction used its
+    /// serial up, so each of its writes run again alone gets a new one). What the PBX
+    /// replay check's catch-up, once a transaction, relies on.
     #[test]
     fn each_sqlite_transaction_has_a_serial_of_its_own() {
         let first = std::thread::spawn(|| {

@@ -106,11 +106,12 @@ const SEEN_SQL: &str = "INSERT INTO temp.pbx_seen (ts, integration_id, signature
 const SEEN_LOG_SQL: &str = "INSERT INTO main.pbx_signature_log (ts, integration_id, signature) VALUES ($1, $2, $3)";
 const SEEN_LOGGED_SQL: &str = "UPDATE temp.pbx_seen_tail SET last = last_insert_rowid()";
 /// Some of the oldest signatures before `$1`, at the first check of each transaction:
-/// up to twice as many as the transaction can add (one a write), so memory keeps pace
-/// without a pause to empty a minute's worth at once.
+/// up to eight for each write a transaction can hold, as many as when each check forgot
+/// eight, so that memory keeps pace (with the signatures of busy replicas on the same
+/// file, which it takes in too) without a pause to empty a minute's worth at once.
 const SEEN_FORGET_SQL: &str = "DELETE FROM temp.pbx_seen WHERE (ts, integration_id, signature) IN \
      (SELECT ts, integration_id, signature FROM temp.pbx_seen WHERE ts < $1 ORDER BY ts LIMIT $2)";
-const FORGET_AT_ONCE: i64 = 2 * MAX_BATCH as i64;
+const FORGET_AT_ONCE: i64 = 8 * MAX_BATCH as i64;
 const TAT_SQL: &str = "SELECT tat FROM rate_limits WHERE key = $1";
 /// The integration as it was used: every column the webhook reads that can change.
 const UNCHANGED_SQL: &str = "SELECT 1 FROM pbx_integrations p JOIN customers c ON c.id = p.customer_id \
@@ -230,8 +231,10 @@ fn sqlite_remember(
     // Once a transaction: while the writer holds the lock no other process appends,
     // and this transaction's own appends move the last id read on as they go.
     let serial = sqlite_transaction();
-    if serial == 0 || CAUGHT_UP_IN.replace(serial) != serial {
+    if serial == 0 || CAUGHT_UP_IN.get() != serial {
         catch_up(tx)?;
+        // Only once it is done: a transaction whose catch-up failed does not go on.
+        CAUGHT_UP_IN.set(serial);
     }
     let values = [SqlValue::Integer(ts), SqlValue::Integer(integration), SqlValue::Text(signature.to_string())];
     let mut seen = tx.prepare_cached(SEEN_SQL)?;

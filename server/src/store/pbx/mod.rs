@@ -141,7 +141,9 @@ const INSERT_EVENT_SQL: &str = concat!(insert_event_sql!(), " RETURNING id");
 fn insert_event_sqlite(tx: &rusqlite::Transaction<'_>, event: &PbxEvent) -> Result<i64, StoreError> {
     let mut insert = tx.prepare_cached(insert_event_sql!())?;
     bind_dollar(&mut insert, &event_values(event))?;
-    insert.raw_execute()?;
+    if insert.raw_execute()? != 1 {
+        return Err(StoreError::Conflict("an event's log row was not written".into()));
+    }
     Ok(tx.last_insert_rowid())
 }
 
