@@ -226,14 +226,7 @@ fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<Began, Stor
         Ok(counts) => counts,
         Err(hit) => return Ok(Began::Limit(hit)),
     };
-    let mut insert = tx.prepare_cached(INSERT_PENDING_SQL)?;
-    bind_dollar(&mut insert, &pending_values(b))?;
-    if insert.raw_execute()? != 1 {
-        return Err(StoreError::Conflict("an attempt's row was not written".into()));
-    }
-    // The row's id is its rowid. Not read with `RETURNING`, which SQLite gathers in a
-    // table of its own, a cost per send (BENCHMARKS.md, issue 22, eighteenth session).
-    let id = tx.last_insert_rowid();
+    let id = super::sqlite_insert(tx, INSERT_PENDING_SQL, &pending_values(b), "an attempt's row")?;
     // The key is taken here, with its attempt row, in the attempt's own write: free,
     // or already this request's. If another request with the key got there first,
     // this write takes back what it did (the rare path pays, not every send).

@@ -234,7 +234,7 @@ impl Write for Record {
 const INSERT_LOG_SQL: &str = "INSERT INTO message_log (customer_id, instance_id, api_key_id, source, purpose, \
      recipient, message_type, decision, error_code, policy, reason, provider_message_id, status, created_at, \
      policy_trace, request_id, correlation_id) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) RETURNING id";
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)";
 /// A message that went (or may have gone) out counts toward its recipient's contact.
 const CONTACT_SENT_SQL: &str = "INSERT INTO contacts (instance_id, phone, first_sent_at, last_sent_at, sent_total) \
      VALUES ($1, $2, $3, $3, 1) ON CONFLICT (instance_id, phone) DO UPDATE SET \
@@ -294,9 +294,7 @@ fn sqlite_record(
     event: Option<&OutboxEvent>,
     review: Option<&ReviewItem>,
 ) -> Result<Recorded, StoreError> {
-    let mut insert = tx.prepare_cached(INSERT_LOG_SQL)?;
-    bind_dollar(&mut insert, &log_values(entry))?;
-    let log_id: i64 = insert.raw_query().next()?.ok_or(rusqlite::Error::QueryReturnedNoRows)?.get(0)?;
+    let log_id = super::sqlite_insert(tx, INSERT_LOG_SQL, &log_values(entry), "a log row")?;
     if let Some(event) = event {
         sqlite_outbox(tx, event, Some(log_id))?;
     }

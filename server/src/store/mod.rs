@@ -208,6 +208,25 @@ impl SqliteReaders {
     }
 }
 
+/// Inserts one row in a SQLite transaction (`sql` with `$n` parameters, no `RETURNING`)
+/// and gives its id, the rowid of a table keyed by `INTEGER PRIMARY KEY`. Not read with
+/// `RETURNING`: SQLite gathers a statement's returned rows in a table of their own, about
+/// 2.7 µs a statement on the writer's hot path (BENCHMARKS.md, issue 22, eighteenth
+/// session). `what` names the row in the error when none was written.
+pub(crate) fn sqlite_insert(
+    tx: &rusqlite::Transaction<'_>,
+    sql: &str,
+    values: &[SqlValue],
+    what: &str,
+) -> Result<i64, StoreError> {
+    let mut insert = tx.prepare_cached(sql)?;
+    bind_dollar(&mut insert, values)?;
+    if insert.raw_execute()? != 1 {
+        return Err(StoreError::Conflict(format!("{what} was not written")));
+    }
+    Ok(tx.last_insert_rowid())
+}
+
 /// Binds `values[i]` to `$i+1` by name. SQLite numbers `$n` parameters in the order
 /// they first appear in the text, not by `n`, so positional binding would be wrong for
 /// a query that mentions `$3` before `$1`. Each parameter's name is read back from the

@@ -72,9 +72,8 @@ pub enum Admission {
 }
 
 /// The GCRA upsert (SQLite; PostgreSQL runs the same logic in `gateway_pbx_admit`): it
-/// changes one row when the request is allowed and none when it is refused. No
-/// `RETURNING`: SQLite gathers a statement's returned rows in a table of their own, a
-/// cost the row count does not have (BENCHMARKS.md, issue 22, eighteenth session).
+/// changes one row when the request is allowed and none when it is refused (the row
+/// count, rather than `RETURNING`: see `store::sqlite_insert`).
 const RATE_SQL: &str = "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($1, $2 + $3, $2 + $3) \
      ON CONFLICT (key) DO UPDATE SET \
        tat = (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) + $3, \

@@ -12,7 +12,7 @@ mod admit;
 pub(super) use admit::SQLITE_WRITER_SETUP;
 pub use admit::{Admission, PbxAdmit, RateCheck, SIGNATURE_MEMORY_SECONDS};
 
-use super::{Cols, Forget, FromCols, Store, StoreError, bind_dollar, flag, now_ms};
+use super::{Cols, Forget, FromCols, Store, StoreError, flag, now_ms};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 use std::sync::Arc;
@@ -124,8 +124,8 @@ impl FromCols for PbxEvent {
 pub(super) const EVENT_COLUMNS: &str = "id, integration_id, customer_id, event_type, action, status_code, error_code, phone, \
      message_id, external_message_id, response, created_at, owner_lease";
 
-/// An event's log row; `RETURNING id` where sqlx runs it, `last_insert_rowid` in the
-/// SQLite writer ([`insert_event_sqlite`]).
+/// An event's log row; `RETURNING id` where sqlx runs it, not in the SQLite writer
+/// ([`insert_event_sqlite`]).
 macro_rules! insert_event_sql {
     () => {
         "INSERT INTO pbx_events (integration_id, customer_id, event_type, \
@@ -135,16 +135,9 @@ macro_rules! insert_event_sql {
 }
 const INSERT_EVENT_SQL: &str = concat!(insert_event_sql!(), " RETURNING id");
 
-/// Writes an event's log row in the SQLite writer's transaction, its id. Not with
-/// `RETURNING`: SQLite gathers a statement's returned rows in a table of their own
-/// (BENCHMARKS.md, issue 22, eighteenth session), and `pbx_events.id` is the rowid.
+/// Writes an event's log row in the SQLite writer's transaction, its id.
 fn insert_event_sqlite(tx: &rusqlite::Transaction<'_>, event: &PbxEvent) -> Result<i64, StoreError> {
-    let mut insert = tx.prepare_cached(insert_event_sql!())?;
-    bind_dollar(&mut insert, &event_values(event))?;
-    if insert.raw_execute()? != 1 {
-        return Err(StoreError::Conflict("an event's log row was not written".into()));
-    }
-    Ok(tx.last_insert_rowid())
+    super::sqlite_insert(tx, insert_event_sql!(), &event_values(event), "an event's log row")
 }
 
 /// Values of `INSERT_EVENT_SQL`.
