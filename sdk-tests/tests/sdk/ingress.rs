@@ -101,6 +101,29 @@ fn status(id: &str, remote: &str, status: &str) -> Value {
            "participant": null, "status": status, "pollUpdates": null, "instanceId": "uuid"}})
 }
 
+/// The ingress's events of an instance without a webhook endpoint are written done
+/// (`skipped_no_endpoint`), as a send's are (`webhooks.rs`): with a dispatcher that
+/// polls once an hour, none is left pending.
+#[tokio::test]
+async fn events_of_an_instance_without_an_endpoint_are_written_done() {
+    use sqlx::Connection;
+    let s = setup_with("ing_noend", |c| c.webhooks.poll_interval_ms = 3_600_000).await;
+    assert_eq!(s.post(&upsert("5511999990002@s.whatsapp.net", "B1", "hi", json!({}))).await, 200);
+    s.wait_events("message.received", 1).await;
+    sqlx::any::install_default_drivers();
+    let mut conn = sqlx::AnyConnection::connect(&s.cx.config.database_url).await.unwrap();
+    let sql = format!("SELECT id FROM outbox WHERE customer_id = '{}' ORDER BY id", s.cx.tenant.customer_id);
+    let ids: Vec<i64> = sqlx::query_scalar(sql.as_str()).fetch_all(&mut conn).await.unwrap();
+    assert!(ids.len() >= 2, "instance.connected and message.received, at least");
+    for id in ids {
+        let event = s.cx.store().outbox_event(id).await.unwrap().unwrap();
+        assert_eq!(event.outcome.as_deref(), Some("skipped_no_endpoint"), "{}", event.event_type);
+        assert_eq!(event.delivered_at, Some(event.created_at));
+    }
+    conn.close().await.unwrap();
+    s.cx.teardown().await;
+}
+
 #[tokio::test]
 async fn only_the_instance_secret_gets_in_and_accepted_posts_are_stored() {
     let s = setup("ing_auth").await;

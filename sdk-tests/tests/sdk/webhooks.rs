@@ -324,12 +324,15 @@ async fn only_selected_events_are_delivered_and_others_are_marked_skipped() {
     cx.teardown().await;
 }
 
+/// An event of an instance without an endpoint is written done (`skipped_no_endpoint`)
+/// in the transaction that writes it: no dispatcher claims it. The dispatcher here polls
+/// once an hour, after its first claim at start, so an event left to it stays pending.
 #[tokio::test]
-async fn events_of_an_instance_without_an_endpoint_are_done_as_skipped() {
+async fn events_of_an_instance_without_an_endpoint_are_written_done_as_skipped() {
     use sqlx::Connection;
-    let cx = context("wh_none", |_| {}).await;
+    let cx = context("wh_none", |c| c.webhooks.poll_interval_ms = 3_600_000).await;
     cx.lift_velocity(&cx.tenant.customer_id).await;
-    // Several at once, so that one claim finds more than one (they share one write).
+    // Sent and failed, several at once, so that they share the writer's batches.
     let phones = ["+14155550141", "+14155550142", "+14155550143", "+14155550144", "+15005550001"];
     futures::future::join_all(phones.iter().map(|p| send(&cx, p))).await;
     sqlx::any::install_default_drivers();
@@ -337,12 +340,21 @@ async fn events_of_an_instance_without_an_endpoint_are_done_as_skipped() {
     let sql = format!("SELECT id FROM outbox WHERE customer_id = '{}' ORDER BY id", cx.tenant.customer_id);
     let ids: Vec<i64> = sqlx::query_scalar(sql.as_str()).fetch_all(&mut conn).await.unwrap();
     assert_eq!(ids.len(), phones.len(), "one event a send");
-    for id in ids {
-        assert_eq!(outcome(&cx, id).await, "skipped_no_endpoint");
+    for &id in &ids {
         let event = cx.store().outbox_event(id).await.unwrap().unwrap();
+        assert_eq!(event.outcome.as_deref(), Some("skipped_no_endpoint"), "event {id} is done as it is written");
+        assert_eq!(event.delivered_at, Some(event.created_at), "done when written");
         assert_eq!(event.attempts, 0, "no attempt was made");
         assert!(cx.store().attempts_of_event(id).await.unwrap().is_empty());
     }
+    // With an endpoint, the next event is the dispatcher's (pending until it claims it).
+    endpoint(&cx, "http://127.0.0.1:9/", "all").await;
+    send(&cx, "+14155550145").await;
+    let sql = format!("SELECT MAX(id) FROM outbox WHERE customer_id = '{}'", cx.tenant.customer_id);
+    let last: i64 = sqlx::query_scalar(sql.as_str()).fetch_one(&mut conn).await.unwrap();
+    assert!(last > ids[ids.len() - 1]);
+    let event = cx.store().outbox_event(last).await.unwrap().unwrap();
+    assert_eq!(event.outcome, None, "an event with an endpoint waits for the dispatcher");
     conn.close().await.unwrap();
     cx.teardown().await;
 }

@@ -80,18 +80,15 @@ async fn event(
     };
     let payload = body(base).map_err(|e| StoreError::Conflict(format!("event body: {e}")))?;
     let now = now_ms();
-    sqlx::query(
-        "INSERT INTO outbox (customer_id, instance_id, event_type, payload, created_at, available_at, log_id) \
-         VALUES ($1, $2, $3, $4, $5, $5, $6)",
-    )
-    .bind(&instance.customer_id)
-    .bind(&instance.id)
-    .bind(name)
-    .bind(payload.to_string())
-    .bind(now)
-    .bind(log_id)
-    .execute(&mut **tx)
-    .await?;
+    sqlx::query(super::messages::INSERT_OUTBOX_SQL)
+        .bind(&instance.customer_id)
+        .bind(&instance.id)
+        .bind(name)
+        .bind(payload.to_string())
+        .bind(now)
+        .bind(log_id)
+        .execute(&mut **tx)
+        .await?;
     applied.events.push(name.to_string());
     Ok(())
 }
