@@ -150,6 +150,8 @@ async fn a_messages_detail_reads_its_events_by_its_row() {
     assert_eq!(linked(&mut conn, log_id).await, ["message.sent", "message.delivered", "message.read"]);
     let detail = ana.get(&format!("/messages/{log_id}")).await.body;
     assert!(["message.sent", "message.delivered", "message.read"].iter().all(|e| detail.contains(e)), "{detail}");
+    // The instance has no endpoint: its events say so, not that they were delivered.
+    assert_eq!(detail.matches("not sent: no endpoint").count(), 3, "{detail}");
     // A clean failure has no provider id; its event is found all the same.
     let (status, _) = cx.send_json(&send("+15005550001", "Your order shipped")).await;
     assert_eq!(status, 502);

@@ -11,7 +11,7 @@ use super::views;
 use super::{Ctx, DashError, PAGE_SIZE, before_id, html, page, query, when};
 use crate::phone;
 use crate::store::insight::refusal_rule;
-use crate::store::{DeliveryState, LogFilter, LogRow};
+use crate::store::{DeliveryState, LogFilter, LogRow, MessageEvent};
 use dropshot::{Body, HttpError, Path, endpoint};
 use http::{Response, StatusCode};
 use maud::{Markup, html};
@@ -262,7 +262,7 @@ async fn message_get(rqctx: Ctx, path: Path<MessagePath>) -> Result<Response<Bod
                 p.hint { "No webhook event was written about this message." }
             } @else {
                 table #deliveries {
-                    thead { tr { th { "Event" } th { "Written" } th { "Attempts" } th { "Delivered" } } }
+                    thead { tr { th { "Event" } th { "Written" } th { "Attempts" } th { "Outcome" } } }
                     tbody {
                         @for ev in &events {
                             tr {
@@ -280,7 +280,7 @@ async fn message_get(rqctx: Ctx, path: Path<MessagePath>) -> Result<Response<Bod
                                     }
                                     @if ev.attempts.is_empty() { span.hint { "none yet" } }
                                 }
-                                td { @if let Some(at) = ev.delivered_at { (when(at)) } @else { "—" } }
+                                td { (event_outcome(ev)) }
                             }
                         }
                     }
@@ -290,6 +290,20 @@ async fn message_get(rqctx: Ctx, path: Path<MessagePath>) -> Result<Response<Bod
         Ok(html(StatusCode::OK, views::page(&viewer, "/messages", &format!("Message #{id}"), None, body)))
     })
     .await
+}
+
+/// How an event of the message page finished: delivered (when), or why it was not; an
+/// event skipped for want of an endpoint is done when it is written.
+fn event_outcome(ev: &MessageEvent) -> Markup {
+    let when_done = ev.delivered_at.map(when).unwrap_or_default();
+    match ev.outcome.as_deref() {
+        None => html! { span.hint { "pending" } },
+        Some("delivered") => html! { "delivered " (when_done) },
+        Some("skipped_no_endpoint") => html! { span.hint { "not sent: no endpoint" } },
+        Some("skipped_disabled") => html! { span.hint { "not sent: endpoint disabled" } },
+        Some("skipped_not_subscribed") => html! { span.hint { "not sent: event not selected" } },
+        Some(other) => html! { (other) " " (when_done) },
+    }
 }
 
 /// The message log with the filters applied, as CSV, streamed.

@@ -52,6 +52,8 @@ pub struct MessageEvent {
     pub event_type: String,
     pub created_at: i64,
     pub delivered_at: Option<i64>,
+    /// How it finished (`delivered`, `failed`, `gone`, `skipped_...`); none while due.
+    pub outcome: Option<String>,
     pub attempts: Vec<EventAttempt>,
 }
 
@@ -179,7 +181,7 @@ impl Store {
     /// leave with retention, and so does this search's work.
     pub async fn message_events(&self, customer_id: &str, message: &LogRow) -> Result<Vec<MessageEvent>, StoreError> {
         let mut rows = sqlx::query(
-            "SELECT id, event_type, created_at, delivered_at FROM outbox WHERE log_id = $1 AND customer_id = $2 \
+            "SELECT id, event_type, created_at, delivered_at, outcome FROM outbox WHERE log_id = $1 AND customer_id = $2 \
              ORDER BY id LIMIT 50",
         )
         .bind(message.id)
@@ -197,7 +199,7 @@ impl Store {
                 let quoted = serde_json::Value::String(message_id.clone()).to_string();
                 let pattern = format!("%{}%", like_escaped(&quoted));
                 let older = sqlx::query(
-                    "SELECT id, event_type, created_at, delivered_at, payload FROM outbox WHERE id <= $1 \
+                    "SELECT id, event_type, created_at, delivered_at, outcome, payload FROM outbox WHERE id <= $1 \
                      AND customer_id = $2 AND instance_id = $3 AND created_at >= $4 AND log_id IS NULL \
                      AND payload LIKE $5 ESCAPE '\\' ORDER BY id LIMIT 50",
                 )
@@ -238,6 +240,7 @@ impl Store {
                 event_type: row.try_get("event_type")?,
                 created_at: row.try_get("created_at")?,
                 delivered_at: row.try_get("delivered_at")?,
+                outcome: row.try_get("outcome")?,
                 attempts,
             });
         }

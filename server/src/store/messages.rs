@@ -247,13 +247,15 @@ const COUNT_REVIEWS_SQL: &str = "SELECT COUNT(*) FROM review_queue WHERE instanc
 const PAUSE_SQL: &str = "UPDATE instances SET paused = 1, paused_reason = $2 WHERE id = $1 AND paused = 0";
 /// An event about the log row `$6`. One of an instance without a webhook endpoint needs
 /// no delivery: it is written done, as `skipped_no_endpoint`, by the endpoints this
-/// transaction sees, so no dispatcher claims it and skips it later (two writes more an
+/// statement sees, so no dispatcher claims it and skips it later (two writes more an
 /// event: BENCHMARKS.md, issue 22). Every event the gateway's own statements write goes
 /// through here; PostgreSQL's batch functions write theirs by the same rule, a trigger
-/// (migration 0022).
+/// (migration 0022). The integers are cast: in a `SELECT` PostgreSQL takes a parameter's
+/// type from how it is bound, and the writer binds a NULL as text.
 pub(super) const INSERT_OUTBOX_SQL: &str = "INSERT INTO outbox (customer_id, instance_id, event_type, payload, \
      created_at, available_at, log_id, delivered_at, outcome) \
-     SELECT $1, $2, $3, $4, $5, $5, $6, CASE WHEN e.instance_id IS NULL THEN $5 END, \
+     SELECT $1, $2, $3, $4, CAST($5 AS BIGINT), CAST($5 AS BIGINT), CAST($6 AS BIGINT), \
+     CASE WHEN e.instance_id IS NULL THEN CAST($5 AS BIGINT) END, \
      CASE WHEN e.instance_id IS NULL THEN 'skipped_no_endpoint' END \
      FROM (SELECT 1) AS one LEFT JOIN webhook_endpoints e ON e.instance_id = $2";
 
