@@ -53,3 +53,15 @@ pg_ticks() {
   echo $total
 }
 per_request() { python3 -c "print(round($1 / $(getconf CLK_TCK) / ($2 * $DURATION) * 1e6))"; }
+
+# Starts gateway binary $1 on database $2 at 127.0.0.1:$3 as the send benchmarks run it:
+# the purpose and content modules of policies/dist decide, the simulator's delivery
+# reports are off, the log goes to the work directory. Waits for the port; the caller
+# stops it (kill %1).
+bench_gateway() { # binary database_url port
+  mkdir -p "$work/policies" && cp policies/dist/purpose.wasm policies/dist/content.wasm "$work/policies/"
+  GATEWAY_POLICIES__BUNDLED=false GATEWAY_POLICIES_DIR="$work/policies" GATEWAY_POLICIES__CACHE_DIR="$work/cache" \
+    GATEWAY_SIMULATOR_STATUS_DELAY_MS=0 GATEWAY_LOG_FILE="$work/gateway-$3.log" "$1" --database-url "$2" \
+    serve --listen "127.0.0.1:$3" &
+  wait_port "$3"
+}

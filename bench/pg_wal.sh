@@ -20,11 +20,7 @@ WALDUMP=$(ls /usr/lib/postgresql/*/bin/pg_waldump | tail -1)
 BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactional","message":"Your code is 123456"}'
 db=$(pg_fresh)
 demo_tenant "$GW" "$db"
-mkdir -p "$work/policies" && cp policies/dist/purpose.wasm policies/dist/content.wasm "$work/policies/"
-GATEWAY_POLICIES__BUNDLED=false GATEWAY_POLICIES_DIR="$work/policies" GATEWAY_POLICIES__CACHE_DIR="$work/cache" \
-  GATEWAY_SIMULATOR_STATUS_DELAY_MS=0 GATEWAY_LOG_FILE="$work/gateway.log" "$GW" --database-url "$db" \
-  serve --listen 127.0.0.1:18091 &
-wait_port 18091
+bench_gateway "$GW" "$db" 18091
 url=http://127.0.0.1:18091/api/send-message
 # Warm up (prepared statements, plans, the policy modules), then measure.
 API_KEY=$key "$BIN/examples/openloop" "$url" "$RATE" 2 "$BODY" >/dev/null
