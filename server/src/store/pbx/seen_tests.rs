@@ -16,11 +16,19 @@ async fn world(store: &Store) -> PbxIntegration {
     store.pbx_integration(id).await.unwrap().unwrap()
 }
 
+/// The signature's timestamp, one for the whole test: it is part of what a replay
+/// repeats, so a timestamp read at each call would make "s2" a new signature whenever
+/// a second ends between two calls.
+fn signed_at() -> i64 {
+    static AT: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *AT.get_or_init(|| now_ms() / 1000)
+}
+
 fn admit(used: &PbxIntegration, signature: &str) -> PbxAdmit {
     PbxAdmit {
         used: Arc::new(used.clone()),
         signature: Some(signature.to_string()),
-        signature_ts: now_ms() / 1000,
+        signature_ts: signed_at(),
         rate: None,
         log: None,
     }
