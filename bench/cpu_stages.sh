@@ -6,6 +6,7 @@
 #
 #   bench/cpu_stages.sh                     # needs wrk and linux-perf (Debian), as root
 #   GW_BIN=/tmp/other STORES=postgres bench/cpu_stages.sh
+#   SCRIPT=bench/keyed.lua bench/cpu_stages.sh   # a fresh Idempotency-Key on every send
 #
 # `perf record --call-graph dwarf` samples the gateway's threads at HZ (default 499)
 # for RECORD seconds (default 4) from 3 s into the load; bench/cpu_stages.py puts each
@@ -19,6 +20,7 @@ DURATION=${DURATION:-10}
 HZ=${HZ:-499}
 RECORD=${RECORD:-4}
 STORES=${STORES:-sqlite postgres}
+SCRIPT=${SCRIPT:-bench/send.lua}
 . bench/common.sh
 GW=${GW_BIN:-$BIN/gateway}
 mkdir -p "$work/policies" && cp policies/dist/purpose.wasm policies/dist/content.wasm "$work/policies/"
@@ -37,7 +39,7 @@ run() { # name database_url port (each_store calls it)
     "$GW" --database-url "$db" serve --listen 127.0.0.1:$port 2>/dev/null &
   local pid=$!
   wait_port $port
-  API_KEY=$key wrk -t1 -c32 -d${DURATION}s -s bench/send.lua "http://127.0.0.1:$port/api/send-message" > "$work/wrk.txt" &
+  API_KEY=$key wrk -t1 -c32 -d${DURATION}s -s "$SCRIPT" "http://127.0.0.1:$port/api/send-message" > "$work/wrk.txt" &
   local load=$! p0 p1 n0 n1 t0 t1
   p0=$(pg_ticks)
   sleep 3
