@@ -51,6 +51,9 @@ impl TestContext {
 
     /// A gateway with a changed configuration and, optionally, other parts.
     pub async fn with(name: &str, change: impl FnOnce(&mut Config), parts: Option<Parts>) -> TestContext {
+        // The daily quotas and counters are windows of the UTC day, which tests read and
+        // fill with one day in mind: none starts in the last two minutes of a day.
+        room_in_the_window(86_400_000, 120_000).await;
         let dir = tempfile::Builder::new().prefix(&format!("gw-{name}-")).tempdir().expect("temp dir");
         let mut config = Config {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -208,8 +211,36 @@ pub fn parts_with_provider(provider: Arc<dyn gateway_server::provider::Provider>
     Parts { provider, policy: None }
 }
 
+/// Waits, when less than `room_ms` is left of the current window of the UTC clock
+/// (`window_ms` long: a minute, a day), until the next window has begun.
+async fn room_in_the_window(window_ms: i64, room_ms: i64) {
+    let left = window_ms - chrono::Utc::now().timestamp_millis().rem_euclid(window_ms);
+    if left < room_ms {
+        tokio::time::sleep(std::time::Duration::from_millis(left as u64 + 50)).await;
+    }
+}
+
+/// Waits, when fewer than `seconds` are left of the current UTC minute, until the next
+/// one has begun. A test whose sends must fall in one calendar minute (the per-minute
+/// limits) calls it first, so that a minute's end never splits them.
+pub async fn room_in_the_minute(seconds: i64) {
+    room_in_the_window(60_000, seconds * 1000).await;
+}
+
 #[cfg(test)]
 mod tests {
+    #[tokio::test]
+    async fn a_window_is_entered_with_room_left() {
+        // Three reads 370 ms apart: without the wait, at least one of them would find less
+        // than 700 ms of its second left.
+        for _ in 0..3 {
+            super::room_in_the_window(1_000, 700).await;
+            let left = 1_000 - chrono::Utc::now().timestamp_millis().rem_euclid(1_000);
+            assert!(left >= 700, "{left} ms left");
+            tokio::time::sleep(std::time::Duration::from_millis(370)).await;
+        }
+    }
+
     #[test]
     fn database_is_replaced() {
         assert_eq!(

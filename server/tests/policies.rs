@@ -399,15 +399,18 @@ fn an_evaluation_in_flight_finishes_on_the_module_it_started_with() {
     let v2 =
         load(&host, &wasm::policy("content", "2.0.0", "content", &Behaviour::Review { reason: "v2", risk: 10 }, "[]"));
     host.install(vec![Arc::new(v1)]);
+    // The evaluation takes its module set before the swap: the thread says when it has.
+    let (took, taken) = std::sync::mpsc::channel();
     let in_flight = {
         let host = host.clone();
         std::thread::spawn(move || {
             let set = host.current();
+            took.send(()).unwrap();
             let started = Instant::now();
             (host.evaluate_blocking(&content_context(), &set), started.elapsed())
         })
     };
-    std::thread::sleep(Duration::from_millis(50));
+    taken.recv().unwrap();
     let swapped_at = Instant::now();
     host.install(vec![Arc::new(v2)]);
     let after = host.evaluate_blocking(&content_context(), &host.current());

@@ -146,6 +146,8 @@ async fn a_refusal_is_kept_but_throttling_frees_the_key() {
     assert_eq!(rows(&cx).await.len(), 1, "a replay writes no row");
 
     // 429 says "try again": the key stays free, with Retry-After from the details.
+    // The throttle is a calendar minute's: what follows must fall in one.
+    gateway_sdk_tests::room_in_the_minute(10).await;
     let limits = gateway_server::store::LimitOverrides { recipient_per_minute: Some(1), ..Default::default() };
     gateway_server::ops::set_limits(cx.store(), &cx.tenant.customer_id, &limits).await.unwrap();
     let other = "+14155550199";
@@ -313,6 +315,8 @@ async fn an_attempt_orphaned_by_a_dead_process_becomes_unknown_and_answers_its_k
 #[tokio::test]
 async fn the_retrying_client_sends_once_through_a_throttle() {
     let cx = TestContext::new("idem_client_retry").await;
+    // The throttle is a calendar minute's: what follows must fall in one.
+    gateway_sdk_tests::room_in_the_minute(10).await;
     let limits = gateway_server::store::LimitOverrides { recipient_per_minute: Some(1), ..Default::default() };
     gateway_server::ops::set_limits(cx.store(), &cx.tenant.customer_id, &limits).await.unwrap();
     cx.client.message_send(&text("main", PHONE, "first")).await.unwrap();
@@ -348,6 +352,8 @@ async fn only_an_answer_that_proves_nothing_was_sent_is_safe_to_retry_without_a_
     let dropped = cx.client.message_send(&text(&main, DROPPED_NUMBER, "x")).await.unwrap_err();
     assert!(!retry_without_key_is_safe(&dropped), "{dropped:?}");
     // Throttled: nothing is out.
+    // The throttle is a calendar minute's: what follows must fall in one.
+    gateway_sdk_tests::room_in_the_minute(10).await;
     let limits = gateway_server::store::LimitOverrides { recipient_per_minute: Some(1), ..Default::default() };
     gateway_server::ops::set_limits(cx.store(), &cx.tenant.customer_id, &limits).await.unwrap();
     cx.client.message_send(&text(&main, PHONE, "first")).await.unwrap();

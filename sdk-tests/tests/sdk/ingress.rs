@@ -411,16 +411,18 @@ async fn a_flapping_connection_is_not_told_and_a_refused_number_is_a_suspected_b
 
 #[tokio::test]
 async fn a_message_never_acknowledged_as_delivered_fails_with_no_delivery_ack() {
-    let s = setup_with("ing_watchdog", |c| c.delivery_ack_timeout_ms = 400).await;
+    // The acknowledgement follows its send at once, well inside the timeout even on a
+    // slow machine; the other send is never acknowledged.
+    let s = setup_with("ing_watchdog", |c| c.delivery_ack_timeout_ms = 1_000).await;
     let acked = s.cx.client.message_send(&text("main", "+5511999990020", "one")).await.unwrap();
-    let pending = s.cx.client.message_send(&text("main", "+5511999990021", "two")).await.unwrap();
     assert_eq!(s.post(&status(&acked.message_id, "5511999990020@s.whatsapp.net", "DELIVERY_ACK")).await, 200);
+    let pending = s.cx.client.message_send(&text("main", "+5511999990021", "two")).await.unwrap();
     let failed = s.wait_events("message.failed", 1).await;
     assert_eq!(
         (failed[0]["to"].as_str(), failed[0]["error"].as_str()),
         (Some("+5511999990021"), Some("no_delivery_ack"))
     );
-    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
     assert_eq!(s.events_named("message.failed").await.len(), 1, "once, and not for the acknowledged one");
     assert_ne!(acked.message_id, pending.message_id);
     s.cx.teardown().await;
