@@ -176,6 +176,15 @@ pub struct Store {
     lease: Arc<std::sync::atomic::AtomicI64>,
 }
 
+/// How many compiled statements a SQLite connection keeps (`prepare_cached`), by their
+/// text; rusqlite keeps 16 and evicts the least recently used. The writer runs every
+/// write of the gateway: a keyed send's begin and settle, a PBX event's admission and the
+/// periodic jobs' writes are more than 16 statements, so under a mixed load the writer
+/// compiled statements again and again (BENCHMARKS.md, issue 22, twentieth session).
+/// The gateway's statements are a fixed set of a few dozen (each a constant, but for
+/// the counters' upsert, one for each number of counters), so none is compiled twice.
+pub(crate) const SQLITE_STATEMENTS_KEPT: usize = 256;
+
 /// Idle read-only SQLite connections. A send path read is an indexed point lookup of a
 /// few microseconds that a WAL reader never waits for, so it runs inline on the calling
 /// task: sqlx's SQLite driver would hand each query to a worker thread and back, which
@@ -188,16 +197,20 @@ struct SqliteReaders {
 impl SqliteReaders {
     const MAX_IDLE: usize = 8;
 
+    /// A new reader connection.
+    fn open(&self) -> Result<rusqlite::Connection, StoreError> {
+        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = rusqlite::Connection::open_with_flags(&self.path, flags)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.set_prepared_statement_cache_capacity(SQLITE_STATEMENTS_KEPT);
+        Ok(conn)
+    }
+
     fn with<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let conn = match idle {
             Some(conn) => conn,
-            None => {
-                let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-                let conn = rusqlite::Connection::open_with_flags(&self.path, flags)?;
-                conn.busy_timeout(Duration::from_secs(10))?;
-                conn
-            }
+            None => self.open()?,
         };
         let result = f(&conn);
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());

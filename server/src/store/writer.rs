@@ -272,16 +272,28 @@ pub(super) fn sqlite_path(url: &str) -> Option<PathBuf> {
     (!path.is_empty() && !path.starts_with(":memory:")).then(|| PathBuf::from(path))
 }
 
+/// The writer's connection to the SQLite file `path`: the store's pragmas, the replay
+/// check's table (see `pbx::admit`), the lock's polling (`busy`), and room for every
+/// statement the gateway writes with (`SQLITE_STATEMENTS_KEPT`).
+pub(super) fn sqlite_writer_connection(
+    path: &std::path::Path,
+    options: super::StoreOptions,
+) -> Result<rusqlite::Connection, StoreError> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.execute_batch(&options.sqlite_pragmas())?;
+    conn.execute_batch(super::pbx::SQLITE_WRITER_SETUP)?;
+    conn.busy_handler(Some(busy::poll))?;
+    conn.set_prepared_statement_cache_capacity(super::SQLITE_STATEMENTS_KEPT);
+    Ok(conn)
+}
+
 /// Starts the SQLite writer thread on the database file `path`.
 pub(super) fn spawn_sqlite(
     path: PathBuf,
     options: super::StoreOptions,
     log: Option<slog::Logger>,
 ) -> Result<mpsc::Sender<Queued>, StoreError> {
-    let mut conn = rusqlite::Connection::open(&path)?;
-    conn.execute_batch(&options.sqlite_pragmas())?;
-    conn.execute_batch(super::pbx::SQLITE_WRITER_SETUP)?;
-    conn.busy_handler(Some(busy::poll))?;
+    let mut conn = sqlite_writer_connection(&path, options)?;
     let (tx, mut rx) = mpsc::channel::<Queued>(4 * MAX_BATCH);
     std::thread::Builder::new()
         .name("sqlite-writer".into())
@@ -711,6 +723,29 @@ async fn live_connection(pool: &AnyPool) -> Result<sqlx::pool::PoolConnection<sq
 mod tests {
     use super::*;
     use crate::store::test_postgres::{drop_database, postgres_store};
+
+    /// Whether `conn` still holds the first of 100 statements compiled and run one after
+    /// the other: a statement compiled again has not run yet.
+    fn keeps_a_hundred_statements(conn: &rusqlite::Connection) -> bool {
+        let sql = |n: usize| format!("SELECT {n}");
+        for n in 0..100 {
+            conn.prepare_cached(&sql(n)).unwrap().query_row([], |_| Ok(())).unwrap();
+        }
+        conn.prepare_cached(&sql(0)).unwrap().get_status(rusqlite::StatementStatus::Run) == 1
+    }
+
+    #[test]
+    fn the_writer_and_the_readers_keep_the_statements_they_compiled() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kept.db");
+        let writer = sqlite_writer_connection(&path, super::super::StoreOptions::default()).unwrap();
+        assert!(keeps_a_hundred_statements(&writer), "the writer's connection");
+        let readers = super::super::SqliteReaders { path, idle: Default::default() };
+        assert!(keeps_a_hundred_statements(&readers.open().unwrap()), "a reader's connection");
+        // What rusqlite keeps by itself: the sixteen most recently used.
+        let plain = rusqlite::Connection::open_in_memory().unwrap();
+        assert!(!keeps_a_hundred_statements(&plain));
+    }
 
     #[test]
     fn a_batch_is_counted_in_the_first_bucket_whose_bound_it_does_not_pass() {
