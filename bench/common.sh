@@ -65,3 +65,19 @@ bench_gateway() { # binary database_url port
     serve --listen "127.0.0.1:$3" &
   wait_port "$3"
 }
+
+# Writes COUNT signed PBX `test` events to FILE for bench/pbx.lua, one a line: the
+# timestamp, the HMAC-SHA256 signature with KEY, and a body of its own, so that every
+# request is a new event (never a replay).
+pbx_requests() { # file hmac_key count
+  python3 - "$1" "$2" "$3" <<'PY'
+import hashlib, hmac, sys, time
+path, key, count = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+ts = str(int(time.time()))
+with open(path, "w") as f:
+    for i in range(count):
+        body = '{"event_type":"test","conversation_id":"c%09d"}' % i
+        sig = hmac.new(key, (ts + "." + body).encode(), hashlib.sha256).hexdigest()
+        f.write(f"{ts} {sig} {body}\n")
+PY
+}

@@ -21,16 +21,7 @@ pbx=$("$GW" --database-url "$db" pbx create --customer "$cus" --instance demo --
 field() { echo "$pbx" | python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
 id=$(field integration_id) secret=$(field webhook_secret) hmac_key=$(field hmac_secret)
 "$GW" --database-url "$db" pbx set --integration "$id" --rate-per-minute 60000 --burst 1000000000 >/dev/null
-python3 - "$work/requests.txt" "$hmac_key" 400000 <<'PY'
-import hashlib, hmac, sys, time
-path, key, count = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
-ts = str(int(time.time()))
-with open(path, "w") as f:
-    for i in range(count):
-        body = '{"event_type":"test","conversation_id":"c%09d"}' % i
-        sig = hmac.new(key, (ts + "." + body).encode(), hashlib.sha256).hexdigest()
-        f.write(f"{ts} {sig} {body}\n")
-PY
+pbx_requests "$work/requests.txt" "$hmac_key" 400000
 bench_gateway "$GW" "$db" 18096
 pid=$(pgrep -n -f "serve --listen 127.0.0.1:18096")
 API_KEY=$key wrk -t1 -c16 -d${DURATION}s -s bench/keyed.lua http://127.0.0.1:18096/api/send-message >"$work/sends.txt" &

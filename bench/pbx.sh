@@ -49,16 +49,7 @@ run_gateway() { # name database_url port
   key=$(echo "$pbx" | python3 -c 'import json,sys; print(json.load(sys.stdin)["hmac_secret"])')
   "$GW" --database-url "$db" pbx set --integration "$id" --rate-per-minute 60000 \
     --burst 1000000000 >/dev/null
-  python3 - "$work/requests.txt" "$key" "$COUNT" <<'PY'
-import hashlib, hmac, sys, time
-path, key, count = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
-ts = str(int(time.time()))
-with open(path, "w") as f:
-    for i in range(count):
-        body = '{"event_type":"test","conversation_id":"c%09d"}' % i
-        sig = hmac.new(key, (ts + "." + body).encode(), hashlib.sha256).hexdigest()
-        f.write(f"{ts} {sig} {body}\n")
-PY
+  pbx_requests "$work/requests.txt" "$key" "$COUNT"
   GATEWAY_LOG_FILE="$work/$name.log" "$GW" --database-url "$db" serve --listen 127.0.0.1:$port &
   local pid=$! out t0 t1 p0 p1 rps
   wait_port $port
