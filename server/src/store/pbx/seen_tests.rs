@@ -67,12 +67,11 @@ async fn a_signature_is_refused_again_by_another_replica_of_the_file_and_after_a
     c.close().await;
 }
 
-/// The writer's connection on a migrated file, as `writer::spawn_sqlite` opens it.
+/// The writer's connection on a migrated file, opened as the writer opens it.
 async fn writer_connection(dir: &tempfile::TempDir) -> rusqlite::Connection {
     Store::open(&file(dir), 1, None).await.unwrap().close().await;
-    let conn = rusqlite::Connection::open(dir.path().join("seen.db")).unwrap();
-    conn.execute_batch(SQLITE_WRITER_SETUP).unwrap();
-    conn
+    let path = dir.path().join("seen.db");
+    crate::store::writer::sqlite_writer_connection(&path, crate::store::StoreOptions::default()).unwrap()
 }
 
 fn in_memory(conn: &rusqlite::Connection) -> i64 {
