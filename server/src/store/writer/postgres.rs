@@ -20,8 +20,8 @@
 //! rows, PostgreSQL ends one (a deadlock) and its writes are retried one transaction
 //! each, as after any failed batch. SQLite has one writer, whatever the lane.
 
-use crate::store::{StoreError, bind_all, dropped_connection, now_ms};
 use super::{MAX_BATCH, PgAnswer, Postgres, Queued, fill, lane, log_batch};
+use crate::store::{StoreError, bind_all, dropped_connection, now_ms};
 use sqlx::pool::PoolConnection;
 use sqlx::{AnyPool, Row};
 use std::time::Duration;
@@ -29,7 +29,11 @@ use tokio::sync::mpsc;
 
 /// Starts the PostgreSQL writer's lanes over `pool`, one task each (the senders in lane
 /// order); each ends when its senders are dropped.
-pub(in crate::store) fn spawn_sqlx(pool: AnyPool, timeout: Duration, log: Option<slog::Logger>) -> Vec<mpsc::Sender<Queued>> {
+pub(in crate::store) fn spawn_sqlx(
+    pool: AnyPool,
+    timeout: Duration,
+    log: Option<slog::Logger>,
+) -> Vec<mpsc::Sender<Queued>> {
     let process = uuid::Uuid::new_v4().simple().to_string();
     tokio::spawn(forget_old_receipts(pool.clone()));
     let hold = pool.options().get_max_connections() as usize >= HOLD_FROM;
@@ -325,9 +329,7 @@ async fn apply(
             (Postgres::Statements(statements), _) => {
                 let mut rows = Vec::with_capacity(statements.len());
                 for st in statements {
-                    rows.push(
-                        bind_all(sqlx::query(st.sql), st.params).execute(&mut *conn).await?.rows_affected(),
-                    );
+                    rows.push(bind_all(sqlx::query(st.sql), st.params).execute(&mut *conn).await?.rows_affected());
                 }
                 PgAnswer::Rows(rows)
             }
