@@ -7,7 +7,9 @@
 #   GW_BIN=/tmp/gateway-base STORES=postgres ROUNDS=3 bench/pbx.sh
 #
 # GW_BIN: the gateway binary to measure (default: this checkout's release build);
-# STORES (default both) and ROUNDS runs of each. Each run also prints the gateway's CPU
+# STORES (default both) and ROUNDS runs of each. DELAY_MS (read by bench/pbx.lua): each
+# connection waits as long after each answer, for about a fixed rate instead of
+# saturation (32 connections, DELAY_MS=4: some 6,000 events a second here). Each run also prints the gateway's CPU
 # time (user and system, /proc) per request, and on PostgreSQL that of the database's
 # server processes.
 # wrk, 1 thread, 32 connections, DURATION seconds (closed loop). The requests are

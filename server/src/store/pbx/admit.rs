@@ -8,12 +8,16 @@
 //! On SQLite the replay check does not write a signature into a b-tree keyed by it: a
 //! random key per event put each at its own page, and a commit of n events wrote n pages
 //! (two thirds of its pages, BENCHMARKS.md, issue 22). The signatures are appended to
-//! `pbx_signature_log` in arrival order (migration 0015), and the writer's connection
-//! keeps the window's signatures in `temp.pbx_seen`, a table in memory that only it
-//! sees. At the first check of each transaction the writer reads the log on from the
-//! last id it saw, so rows a replica on the same file appended are known (nobody else
-//! appends while the writer holds the lock); both temporary tables are written in the
-//! batch's transaction, so a batch rolled back forgets what it added there too.
+//! `pbx_signature_log` in arrival order (migration 0015), and the writer thread keeps the
+//! window's signatures in memory (`Seen`), which only it sees. At the first check of each
+//! transaction the writer reads the log on from the last id it read, so rows a replica
+//! on the same file appended are known (nobody else appends while the writer holds the
+//! lock). What a check adds to the memory, and the last id read, are undone if the
+//! batch's transaction rolls back (`writer::sqlite_on_rollback`), so a batch rolled back
+//! forgets them as it forgets its rows. The memory was a temporary table of the writer's
+//! connection until the writer's undo existed: its statements and its rollback journal
+//! were a third of the writer's work an event (BENCHMARKS.md, issue 22, twenty-first
+//! session).
 //!
 //! The first check is what lets the webhook take its integration from the cache
 //! (`store::cache`): a rotated secret, a new allowlist, a changed setting or a PBX
@@ -21,10 +25,13 @@
 //! returned, which then writes nothing and answers [`Admission::Stale`], and the
 //! request is checked again against the integration read anew.
 
-use super::super::writer::{MAX_BATCH, PgAnswer, Postgres, Write, sqlite_transaction, unexpected};
+use super::super::writer::{MAX_BATCH, PgAnswer, Postgres, Write, sqlite_on_rollback, sqlite_transaction, unexpected};
 use super::super::{Store, StoreError, bind_dollar, now_ms};
 use super::{PbxEvent, PbxIntegration, insert_event_sqlite};
 use rusqlite::types::Value as SqlValue;
+use sha2::{Digest, Sha256};
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 /// One GCRA check: allowed when the theoretical arrival time is at most `tolerance_ms`
@@ -79,38 +86,19 @@ const RATE_SQL: &str = "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($
        tat = (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) + $3, \
        expires_at = (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) + $3 \
      WHERE (CASE WHEN rate_limits.tat > $2 THEN rate_limits.tat ELSE $2 END) - $2 <= $4";
-/// The writer connection's signatures of the window (SQLite), and the last id of
-/// `pbx_signature_log` it has read; run once when the connection opens, outside any
-/// transaction. `temp_store = MEMORY` keeps the temporary tables off the disk.
-pub(in crate::store) const SQLITE_WRITER_SETUP: &str = "PRAGMA temp_store = MEMORY; \
-     CREATE TEMP TABLE pbx_seen (ts INTEGER NOT NULL, integration_id INTEGER NOT NULL, signature TEXT NOT NULL, \
-       PRIMARY KEY (ts, integration_id, signature)) WITHOUT ROWID; \
-     CREATE TEMP TABLE pbx_seen_tail (last INTEGER NOT NULL); \
-     INSERT INTO temp.pbx_seen_tail (last) VALUES (0);";
 /// How long a signature is remembered after the time it signs (by the SQLite writer in
 /// memory, and by retention in the tables): at least twice the webhook's tolerance
 /// (`pbx::auth::TOLERANCE_SECONDS`, asserted there when the gateway is built), so that
 /// a signature is never forgotten while its timestamp is still accepted.
 pub const SIGNATURE_MEMORY_SECONDS: i64 = 600;
-/// Signatures appended to the log since the writer last read it (its own are known
-/// already: `OR IGNORE`), except those past the window (`$1`, the oldest kept).
-const SEEN_CATCH_UP_SQL: &str = "INSERT OR IGNORE INTO temp.pbx_seen (ts, integration_id, signature) \
-     SELECT ts, integration_id, signature FROM main.pbx_signature_log \
-     WHERE id > (SELECT last FROM temp.pbx_seen_tail) AND ts >= $1";
-const SEEN_TAIL_SQL: &str =
-    "UPDATE temp.pbx_seen_tail SET last = (SELECT coalesce(max(id), 0) FROM main.pbx_signature_log)";
-/// No row: a replay.
-const SEEN_SQL: &str = "INSERT INTO temp.pbx_seen (ts, integration_id, signature) VALUES ($1, $2, $3) \
-     ON CONFLICT (ts, integration_id, signature) DO NOTHING";
+/// The log's rows after the last one the writer read (`$1`).
+const LOG_AFTER_SQL: &str = "SELECT id, ts, integration_id, signature FROM main.pbx_signature_log WHERE id > $1";
 const SEEN_LOG_SQL: &str = "INSERT INTO main.pbx_signature_log (ts, integration_id, signature) VALUES ($1, $2, $3)";
-const SEEN_LOGGED_SQL: &str = "UPDATE temp.pbx_seen_tail SET last = last_insert_rowid()";
-/// Some of the oldest signatures before `$1`, at the first check of each transaction:
-/// up to eight for each write a transaction can hold, as many as when each check forgot
-/// eight, so that memory keeps pace (with the signatures of busy replicas on the same
-/// file, which it takes in too) without a pause to empty a minute's worth at once.
-const SEEN_FORGET_SQL: &str = "DELETE FROM temp.pbx_seen WHERE (ts, integration_id, signature) IN \
-     (SELECT ts, integration_id, signature FROM temp.pbx_seen WHERE ts < $1 ORDER BY ts LIMIT $2)";
-const FORGET_AT_ONCE: i64 = 8 * MAX_BATCH as i64;
+/// How many of the oldest signatures past the window the first check of a transaction
+/// forgets: eight for each write a transaction can hold, as many as when each check
+/// forgot eight, so that memory keeps pace (with the signatures of busy replicas on the
+/// same file, which it takes in too) without a pause to empty a minute's worth at once.
+const FORGET_AT_ONCE: usize = 8 * MAX_BATCH;
 const TAT_SQL: &str = "SELECT tat FROM rate_limits WHERE key = $1";
 /// The integration as it was used: every column the webhook reads that can change.
 const UNCHANGED_SQL: &str = "SELECT 1 FROM pbx_integrations p JOIN customers c ON c.id = p.customer_id \
@@ -213,10 +201,58 @@ fn sqlite_pbx_admit(tx: &rusqlite::Transaction<'_>, a: &PbxAdmit) -> Result<Admi
     Ok(Admission::Admitted { rate_limited_for_ms, log_id })
 }
 
-std::thread_local! {
+/// A signature as the memory holds it: its timestamp, its integration and the first 16
+/// bytes of its SHA-256, 32 bytes in all with nothing on the heap (a signature is itself
+/// an HMAC of 32 bytes as 64 characters, or whatever another version logged). Two
+/// signatures of one timestamp and integration that share those 16 bytes, the second
+/// refused as a replay, are as likely as guessing a 128-bit key.
+type Signature = (i64, i64, [u8; 16]);
+
+fn signature_of(ts: i64, integration: i64, signature: &[u8]) -> Signature {
+    let digest = Sha256::digest(signature);
+    let mut short = [0u8; 16];
+    short.copy_from_slice(&digest[..16]);
+    (ts, integration, short)
+}
+
+/// The writer thread's memory of the replay window (see the module's documentation).
+#[derive(Default)]
+struct Seen {
+    /// In timestamp order, so that the oldest are forgotten first.
+    signatures: BTreeSet<Signature>,
+    /// The last id of `pbx_signature_log` read or appended.
+    last: i64,
     /// The writer's transaction (`writer::sqlite_transaction`) whose first check brought
     /// the memory up to date.
-    static CAUGHT_UP_IN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    caught_up_in: u64,
+}
+
+std::thread_local! {
+    static SEEN: RefCell<Seen> = RefCell::default();
+}
+
+/// Adds a signature this transaction appends to the memory, undone if the transaction
+/// rolls back; false when it was there already.
+fn remember(signature: Signature) -> bool {
+    if !SEEN.with_borrow_mut(|seen| seen.signatures.insert(signature)) {
+        return false;
+    }
+    sqlite_on_rollback(move || {
+        SEEN.with_borrow_mut(|seen| seen.signatures.remove(&signature));
+    });
+    true
+}
+
+/// Moves the last id read on to this transaction's append `id`, back again if the
+/// transaction rolls back (a process that appends afterwards may take the same ids, and
+/// they must be read).
+fn read_up_to(id: i64) {
+    let before = SEEN.with_borrow_mut(|seen| {
+        let before = seen.last;
+        seen.last = id.max(before);
+        before
+    });
+    sqlite_on_rollback(move || SEEN.with_borrow_mut(|seen| seen.last = before));
 }
 
 /// Remembers a signature; false when it was seen before (a replay). See the module's
@@ -227,47 +263,73 @@ fn sqlite_remember(
     integration: i64,
     signature: &str,
 ) -> Result<bool, StoreError> {
+    // The memory is the writer thread's, and only the writer's transactions undo it.
+    let serial = sqlite_transaction();
+    if serial == 0 {
+        return Err(StoreError::Conflict("the replay check runs in the SQLite writer's transactions only".into()));
+    }
     // Once a transaction: while the writer holds the lock no other process appends,
     // and this transaction's own appends move the last id read on as they go.
-    let serial = sqlite_transaction();
-    if serial == 0 || CAUGHT_UP_IN.get() != serial {
+    if SEEN.with_borrow(|seen| seen.caught_up_in) != serial {
         catch_up(tx)?;
         // Only once it is done: a transaction whose catch-up failed does not go on.
-        CAUGHT_UP_IN.set(serial);
+        SEEN.with_borrow_mut(|seen| seen.caught_up_in = serial);
     }
-    let values = [SqlValue::Integer(ts), SqlValue::Integer(integration), SqlValue::Text(signature.to_string())];
-    let mut seen = tx.prepare_cached(SEEN_SQL)?;
-    bind_dollar(&mut seen, &values)?;
-    if seen.raw_execute()? == 0 {
+    if !remember(signature_of(ts, integration, signature.as_bytes())) {
         return Ok(false);
     }
     let mut log = tx.prepare_cached(SEEN_LOG_SQL)?;
-    bind_dollar(&mut log, &values)?;
+    bind_dollar(&mut log, &[SqlValue::Integer(ts), SqlValue::Integer(integration), SqlValue::Text(signature.into())])?;
     log.raw_execute()?;
-    tx.prepare_cached(SEEN_LOGGED_SQL)?.raw_execute()?;
+    read_up_to(tx.last_insert_rowid());
     Ok(true)
 }
 
 /// Brings the memory up to date at the first check of a transaction: forgets some of
-/// the signatures past the window, then reads the rows other processes appended.
+/// the signatures past the window, then reads the rows other processes appended. Nothing
+/// of it is undone if the transaction rolls back: those rows were committed, and stay.
 fn catch_up(tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
     let kept_from = now_ms() / 1000 - SIGNATURE_MEMORY_SECONDS;
-    forget_signatures_before(tx, kept_from)?;
-    let mut catch_up = tx.prepare_cached(SEEN_CATCH_UP_SQL)?;
-    bind_dollar(&mut catch_up, &[SqlValue::Integer(kept_from)])?;
-    catch_up.raw_execute()?;
-    // On even when every row read was known or past: they are not read again.
-    tx.prepare_cached(SEEN_TAIL_SQL)?.raw_execute()?;
-    Ok(())
+    forget_signatures_before(kept_from);
+    let mut after = tx.prepare_cached(LOG_AFTER_SQL)?;
+    let mut rows = after.query([SEEN.with_borrow(|seen| seen.last)])?;
+    let mut last = None;
+    SEEN.with_borrow_mut(|seen| {
+        while let Some(row) = rows.next()? {
+            let (id, ts): (i64, i64) = (row.get(0)?, row.get(1)?);
+            last = last.max(Some(id));
+            // Those past the window stay out; the last id moves on past them all the same.
+            if ts >= kept_from {
+                // As stored, text or not (what another version logged).
+                let signature = row.get_ref(3)?.as_bytes().unwrap_or_default();
+                seen.signatures.insert(signature_of(ts, row.get(2)?, signature));
+            }
+        }
+        if let Some(last) = last {
+            seen.last = seen.last.max(last);
+        }
+        Ok::<_, StoreError>(())
+    })
 }
 
 /// Drops from memory up to `FORGET_AT_ONCE` of the signatures of timestamps before `ts`,
-/// older first (the log keeps them until retention).
-fn forget_signatures_before(tx: &rusqlite::Transaction<'_>, ts: i64) -> Result<(), StoreError> {
-    let mut forget = tx.prepare_cached(SEEN_FORGET_SQL)?;
-    bind_dollar(&mut forget, &[SqlValue::Integer(ts), SqlValue::Integer(FORGET_AT_ONCE)])?;
-    forget.raw_execute()?;
-    Ok(())
+/// older first (the log keeps them until retention). Not undone by a rollback: a
+/// signature past the window stays forgotten.
+fn forget_signatures_before(ts: i64) {
+    SEEN.with_borrow_mut(|seen| {
+        for _ in 0..FORGET_AT_ONCE {
+            match seen.signatures.first() {
+                Some(first) if first.0 < ts => seen.signatures.pop_first(),
+                _ => break,
+            };
+        }
+    });
+}
+
+/// How many signatures the writer thread holds in memory.
+#[cfg(test)]
+fn remembered() -> usize {
+    SEEN.with_borrow(|seen| seen.signatures.len())
 }
 
 /// Whether the integration is still as `used`.

@@ -9,7 +9,6 @@
 
 mod admit;
 
-pub(super) use admit::SQLITE_WRITER_SETUP;
 pub use admit::{Admission, PbxAdmit, RateCheck, SIGNATURE_MEMORY_SECONDS};
 
 use super::{Cols, Forget, FromCols, Store, StoreError, flag, now_ms};

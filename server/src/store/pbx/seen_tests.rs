@@ -74,8 +74,44 @@ async fn writer_connection(dir: &tempfile::TempDir) -> rusqlite::Connection {
     crate::store::writer::sqlite_writer_connection(&path, crate::store::StoreOptions::default()).unwrap()
 }
 
-fn in_memory(conn: &rusqlite::Connection) -> i64 {
-    conn.query_row("SELECT count(*) FROM temp.pbx_seen", [], |r| r.get(0)).unwrap()
+/// A write of one replay check, as an admission makes it.
+struct Remember(i64, i64, &'static str);
+
+impl crate::store::writer::Write for Remember {
+    type Output = bool;
+
+    fn sqlite(&self, tx: &rusqlite::Transaction<'_>) -> Result<bool, StoreError> {
+        sqlite_remember(tx, self.0, self.1, self.2)
+    }
+
+    fn postgres(&self) -> crate::store::writer::Postgres {
+        unreachable!("SQLite's replay check")
+    }
+
+    fn read_postgres(&self, _answer: crate::store::writer::PgAnswer) -> Result<bool, StoreError> {
+        unreachable!("SQLite's replay check")
+    }
+}
+
+/// Runs `checks` as one batch of the writer on `conn`, on this thread (whose memory it
+/// uses), with a write that fails after them if `fail`: what each check answered, or
+/// `None` for a batch that failed.
+fn batch(conn: &mut rusqlite::Connection, checks: &[Remember], fail: bool) -> Option<Vec<bool>> {
+    use crate::store::writer::{Exec, Pending, Queued, Statement};
+    let (mut units, mut answers) = (Vec::<Queued>::new(), Vec::new());
+    for check in checks {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        units.push(Box::new(Pending { write: Remember(check.0, check.1, check.2), output: None, reply }));
+        answers.push(answer);
+    }
+    if fail {
+        let write = Exec(vec![Statement { sql: "INSERT INTO no_such_table VALUES (1)", params: vec![] }]);
+        units.push(Box::new(Pending { write, output: None, reply: tokio::sync::oneshot::channel().0 }));
+    }
+    let failed = crate::store::writer::sqlite_batch(conn, &mut units).is_err();
+    units.into_iter().for_each(|unit| unit.reply(failed.then(|| StoreError::Conflict("failed".into()))));
+    let answers: Vec<bool> = answers.into_iter().filter_map(|mut a| a.try_recv().unwrap().ok()).collect();
+    (!failed).then_some(answers)
 }
 
 #[tokio::test]
@@ -83,12 +119,16 @@ async fn a_batch_rolled_back_forgets_the_signatures_it_remembered() {
     let dir = tempfile::tempdir().unwrap();
     let mut conn = writer_connection(&dir).await;
     let ts = now_ms() / 1000;
-    let tx = conn.transaction().unwrap();
-    assert!(sqlite_remember(&tx, ts, 1, "s1").unwrap());
-    assert!(!sqlite_remember(&tx, ts, 1, "s1").unwrap(), "a replay within the batch");
-    drop(tx); // rolled back, as the writer does with a batch that failed
-    assert_eq!(in_memory(&conn), 0);
-    // Another process appends in the meantime, at the id the lost batch had taken.
+    assert_eq!(batch(&mut conn, &[Remember(ts, 1, "s0")], false), Some(vec![true]));
+    assert_eq!(remembered(), 1);
+    // A batch that fails after its checks: rolled back, as the writer does with it. Its
+    // two appends moved the last id read twice; both moves are undone, last first.
+    let lost = [Remember(ts, 1, "s1"), Remember(ts, 1, "s1"), Remember(ts, 1, "s3")];
+    assert_eq!(batch(&mut conn, &lost, true), None);
+    assert_eq!(remembered(), 1, "s1 and s3 forgotten with the batch's rows, s0 kept");
+    let logged: i64 = conn.query_row("SELECT count(*) FROM pbx_signature_log", [], |r| r.get(0)).unwrap();
+    assert_eq!(logged, 1);
+    // Another process appends in the meantime, at the ids the lost batch had taken.
     let other = rusqlite::Connection::open(dir.path().join("seen.db")).unwrap();
     other.execute("INSERT INTO pbx_signature_log (ts, integration_id, signature) VALUES (?1, 1, 's2')", [ts]).unwrap();
     // And one past the memory's window, which stays out of it.
@@ -96,21 +136,21 @@ async fn a_batch_rolled_back_forgets_the_signatures_it_remembered() {
     other
         .execute("INSERT INTO pbx_signature_log (ts, integration_id, signature) VALUES (?1, 1, 'past')", [past])
         .unwrap();
+    let run = [Remember(ts, 1, "s1"), Remember(ts, 1, "s2"), Remember(ts, 1, "s3"), Remember(ts, 1, "s1")];
+    let run = batch(&mut conn, &run, false);
+    assert_eq!(run, Some(vec![true, false, true, false]), "s1 and s3 admitted again; s2, the other process's, read");
+    assert_eq!(remembered(), 4, "s0 to s3, not the past one");
+    let run = batch(&mut conn, &[Remember(ts, 2, "s1"), Remember(ts + 1, 1, "s1"), Remember(ts, 1, "s0")], false);
+    assert_eq!(run, Some(vec![true, true, false]), "another integration, another timestamp, a replay");
+    assert_eq!(remembered(), 6);
+    // Outside the writer's transactions the check refuses to run: nothing there would
+    // undo what it remembered.
     let tx = conn.transaction().unwrap();
-    assert!(sqlite_remember(&tx, ts, 1, "s1").unwrap(), "the batch run again admits it");
-    assert!(!sqlite_remember(&tx, ts, 1, "s2").unwrap(), "the other process's row was read");
-    tx.commit().unwrap();
-    assert_eq!(in_memory(&conn), 2, "s1 and s2, not the past one");
-    let tx = conn.transaction().unwrap();
-    assert!(!sqlite_remember(&tx, ts, 1, "s1").unwrap());
-    assert!(sqlite_remember(&tx, ts, 2, "s1").unwrap(), "another integration's signature");
-    assert!(sqlite_remember(&tx, ts + 1, 1, "s1").unwrap(), "another timestamp");
-    tx.commit().unwrap();
+    assert!(matches!(sqlite_remember(&tx, ts, 1, "s4"), Err(StoreError::Conflict(_))));
+    drop(tx);
     // Forgotten by timestamp, older first.
-    let tx = conn.transaction().unwrap();
-    forget_signatures_before(&tx, ts + 1).unwrap();
-    tx.commit().unwrap();
-    assert_eq!(in_memory(&conn), 1);
+    forget_signatures_before(ts + 1);
+    assert_eq!(remembered(), 1);
 }
 
 #[test]

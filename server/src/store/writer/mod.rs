@@ -31,7 +31,9 @@ mod postgres;
 mod sqlite;
 
 pub(super) use postgres::spawn_sqlx;
-pub(super) use sqlite::{spawn_sqlite, sqlite_exec, sqlite_path, sqlite_transaction, sqlite_writer_connection};
+pub(super) use sqlite::{spawn_sqlite, sqlite_exec, sqlite_on_rollback, sqlite_path, sqlite_transaction};
+#[cfg(test)]
+pub(super) use sqlite::{sqlite_batch, sqlite_writer_connection};
 
 /// Largest number of writes in one transaction.
 pub(super) const MAX_BATCH: usize = 256;

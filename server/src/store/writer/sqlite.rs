@@ -4,8 +4,8 @@
 //! (measured with perf, see BENCHMARKS.md) while SQLite itself was 2 %. One thread that
 //! does a whole batch costs one handoff per batch instead.
 
-use crate::store::{StoreError, StoreOptions, bind_dollar, is_sqlite_busy};
 use super::{MAX_BATCH, Queued, Statement, fill, log_batch};
+use crate::store::{StoreError, StoreOptions, bind_dollar, is_sqlite_busy};
 use std::path::PathBuf;
 use tokio::sync::mpsc;
 
@@ -23,16 +23,17 @@ pub(in crate::store) fn sqlite_path(url: &str) -> Option<PathBuf> {
     (!path.is_empty() && !path.starts_with(":memory:")).then(|| PathBuf::from(path))
 }
 
-/// The writer's connection to the SQLite file `path`: the store's pragmas, the replay
-/// check's table (see `pbx::admit`), the lock's polling (`busy`), and room for every
-/// statement the gateway writes with (`SQLITE_STATEMENTS_KEPT`).
+/// The writer's connection to the SQLite file `path`: the store's pragmas, temporary
+/// tables in memory, the lock's polling (`busy`), and room for every statement the
+/// gateway writes with (`SQLITE_STATEMENTS_KEPT`).
 pub(in crate::store) fn sqlite_writer_connection(
     path: &std::path::Path,
     options: StoreOptions,
 ) -> Result<rusqlite::Connection, StoreError> {
     let conn = rusqlite::Connection::open(path)?;
     conn.execute_batch(&options.sqlite_pragmas())?;
-    conn.execute_batch(crate::store::pbx::SQLITE_WRITER_SETUP)?;
+    // The statements' own temporary tables (`RETURNING`'s, sorts) kept off the disk.
+    conn.execute_batch("PRAGMA temp_store = MEMORY")?;
     conn.busy_handler(Some(busy::poll))?;
     conn.set_prepared_statement_cache_capacity(crate::store::SQLITE_STATEMENTS_KEPT);
     Ok(conn)
@@ -110,24 +111,60 @@ mod busy {
     }
 }
 
+/// What a write undoes when its transaction rolls back: memory of its own that it
+/// changed beside the database (see `sqlite_on_rollback`).
+type Undo = Box<dyn FnOnce()>;
+
 thread_local! {
-    /// The serial of the transaction the SQLite writer thread runs or ran last (0 on
-    /// any other thread).
-    static TRANSACTION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The serial of the transaction the SQLite writer thread runs or ran last.
+    static SERIAL: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Whether this thread is running a writer's transaction (`sqlite_batch`).
+    static RUNNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// What the transaction in progress undoes if it rolls back, in the order registered.
+    static UNDO: std::cell::RefCell<Vec<Undo>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Which transaction of the SQLite writer this thread is in: a serial that changes with
-/// each transaction, retries of a failed batch's writes included; 0 on any other thread,
-/// where a caller must take each transaction for a new one. A write whose work is needed
-/// once a transaction rather than once a write (the PBX replay check's catch-up with what
-/// other processes appended, which cannot change while the writer holds the lock) keeps
-/// the serial it last did it in.
+/// each transaction, retries of a failed batch's writes included; 0 outside the writer's
+/// transactions (on any other thread, or between two batches), where a caller must take
+/// each transaction for a new one. A write whose work is needed once a transaction rather
+/// than once a write (the PBX replay check's catch-up with what other processes appended,
+/// which cannot change while the writer holds the lock) keeps the serial it last did it
+/// in.
 pub(in crate::store) fn sqlite_transaction() -> u64 {
-    TRANSACTION.get()
+    if RUNNING.get() { SERIAL.get() } else { 0 }
 }
 
-fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result<(), StoreError> {
-    TRANSACTION.set(TRANSACTION.get() + 1);
+/// Runs `undo` if the writer's transaction in progress rolls back (a write of its batch
+/// failed, or its commit did), after SQLite has undone the rows; nothing if it commits.
+/// For a write that keeps memory of its own beside the rows it writes (the PBX replay
+/// check's signatures), so that the memory rolls back with them. Only inside the
+/// writer's transactions (`sqlite_transaction` is not 0); elsewhere nothing is
+/// registered and nothing is undone.
+pub(in crate::store) fn sqlite_on_rollback(undo: impl FnOnce() + 'static) {
+    if RUNNING.get() {
+        UNDO.with_borrow_mut(|list| list.push(Box::new(undo)));
+    }
+}
+
+/// Runs a batch in one transaction on the writer's connection; if it fails, what its
+/// writes registered with `sqlite_on_rollback` is undone, last first.
+pub(in crate::store) fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result<(), StoreError> {
+    SERIAL.set(SERIAL.get() + 1);
+    UNDO.with_borrow_mut(Vec::clear);
+    RUNNING.set(true);
+    let ran = run_transaction(conn, batch);
+    RUNNING.set(false);
+    let undo = UNDO.take();
+    if ran.is_err() {
+        undo.into_iter().rev().for_each(|undo| undo());
+    }
+    ran
+}
+
+/// The batch's writes in one transaction: rolled back (the transaction dropped) on the
+/// first that fails, and when the commit fails.
+fn run_transaction(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result<(), StoreError> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     for unit in batch.iter_mut() {
         unit.sqlite(&tx)?;
@@ -138,7 +175,7 @@ fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::super::{PgAnswer, Pending, Postgres, Write};
+    use super::super::{Pending, PgAnswer, Postgres, Write};
     use super::*;
     use tokio::sync::oneshot;
 
@@ -224,6 +261,66 @@ mod tests {
         answers.into_iter().map(|mut a| a.try_recv().unwrap().ok()).collect()
     }
 
+    thread_local! {
+        /// The marks of the `Marks` writes undone on this thread, in the order undone.
+        static UNDONE: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// A write that registers an undo that notes its mark (`UNDONE`).
+    struct Marks(u32);
+
+    impl Write for Marks {
+        type Output = ();
+
+        fn sqlite(&self, _tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
+            let mark = self.0;
+            sqlite_on_rollback(move || UNDONE.with_borrow_mut(|undone| undone.push(mark)));
+            Ok(())
+        }
+
+        fn postgres(&self) -> Postgres {
+            Postgres::Statements(Vec::new())
+        }
+
+        fn read_postgres(&self, _answer: PgAnswer) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    /// Runs the writes marked `marks`, then a write that fails if `fail`, as one batch.
+    fn marked(conn: &mut rusqlite::Connection, marks: &[u32], fail: bool) {
+        let mut batch: Vec<Queued> = marks
+            .iter()
+            .map(|&mark| Box::new(Pending { write: Marks(mark), output: None, reply: oneshot::channel().0 }) as Queued)
+            .collect();
+        if fail {
+            batch.push(Box::new(Pending { write: Serial(true), output: None, reply: oneshot::channel().0 }));
+        }
+        assert_eq!(sqlite_batch(conn, &mut batch).is_err(), fail);
+    }
+
+    /// What the writes of a batch register is undone, last first, when the batch fails,
+    /// and dropped when it commits; outside the writer's transactions nothing is
+    /// registered. What the PBX replay check's memory relies on.
+    #[test]
+    fn a_failed_batch_undoes_what_its_writes_registered_last_first() {
+        std::thread::spawn(|| {
+            let undone = || UNDONE.with_borrow(|undone| undone.clone());
+            sqlite_on_rollback(|| UNDONE.with_borrow_mut(|undone| undone.push(0)));
+            assert_eq!(UNDO.with_borrow(Vec::len), 0, "outside a transaction nothing is registered");
+            let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+            marked(&mut conn, &[1, 2], false);
+            assert_eq!(undone(), [0u32; 0], "a committed batch undoes nothing, nor what came before it");
+            marked(&mut conn, &[3, 4, 5], true);
+            assert_eq!(undone(), [5, 4, 3]);
+            marked(&mut conn, &[6], false);
+            marked(&mut conn, &[], true);
+            assert_eq!(undone(), [5, 4, 3], "each batch undoes only what its own writes registered");
+        })
+        .join()
+        .unwrap();
+    }
+
     /// The writes of one transaction see one serial; the next transaction another,
     /// whether the last committed or failed (a failed batch's transaction used its
     /// serial up, so each of its writes run again alone gets a new one). What the PBX
@@ -236,10 +333,11 @@ mod tests {
             let one = serials(&mut conn, &[false, false]);
             let two = serials(&mut conn, &[false, true]);
             let three = serials(&mut conn, &[false]);
-            (outside, one, two, three)
+            (outside, one, two, three, sqlite_transaction())
         });
-        let (outside, one, two, three) = first.join().unwrap();
+        let (outside, one, two, three, between) = first.join().unwrap();
         assert_eq!(outside, 0, "no transaction yet on this thread");
+        assert_eq!(between, 0, "none between two batches");
         let s = one[0].unwrap();
         assert!(s > 0);
         assert_eq!(one, [Some(s), Some(s)], "one batch, one transaction");
