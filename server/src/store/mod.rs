@@ -562,7 +562,7 @@ const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// that gives up: a connection the database dropped less than a second after it was
 /// last used (a restart under load) now fails the statement that meets it. A read is
 /// then asked again (`read_one`); the writer's batch is run again unless its receipt
-/// says it committed (`writer::run_batch`); other writes (a dashboard's, the kept policy
+/// says it committed (`writer::postgres::run_batch`); other writes (a dashboard's, the kept policy
 /// inputs) answer 503 or are retried by their loop
 /// (`sends_after_the_database_dropped_the_connections_answer_200`).
 fn pool_options(timeout: Duration) -> AnyPoolOptions {

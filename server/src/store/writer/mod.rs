@@ -38,7 +38,7 @@ pub(super) use sqlite::{sqlite_batch, sqlite_writer_connection};
 /// Largest number of writes in one transaction.
 pub(super) const MAX_BATCH: usize = 256;
 
-/// The PostgreSQL writer's lanes (see the header).
+/// The PostgreSQL writer's lanes (see `postgres`).
 pub(super) mod lane {
     /// Counters, keys, and every write not named below.
     pub const MAIN: usize = 0;

@@ -1,9 +1,9 @@
-//! The PostgreSQL writer: a lane is a task that sends a whole batch as one statement
-//! calling each batch function that has writes (`gateway_write_batch`,
+//! The PostgreSQL writer: each lane (below) is a task that sends a whole batch as one
+//! statement calling each batch function that has writes (`gateway_write_batch`,
 //! `gateway_pbx_admit`, `gateway_webhook_finish`, `gateway_send_ops`: migrations 0002
-//! to 0008) with its array: one round trip and one
-//! commit per batch, where a statement per write cost a round trip each and kept the
-//! writer busy (measured in BENCHMARKS.md). Writes that are plain statements run after
+//! to 0008) with its array: one round trip and one commit per batch, where a statement
+//! per write cost a round trip each and kept the writer busy (measured in
+//! BENCHMARKS.md). Writes that are plain statements run after
 //! it in the same transaction. Each batch's statement also writes its lane's receipt,
 //! so that a batch whose connection was lost can be told committed or not, and run
 //! again if not (`Receipts`, `run_batch`).
