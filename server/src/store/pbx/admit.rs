@@ -16,7 +16,7 @@
 //! batch's transaction rolls back (`writer::sqlite_on_rollback`), so a batch rolled back
 //! forgets them as it forgets its rows. The memory was a temporary table of the writer's
 //! connection until the writer's undo existed: its statements and its rollback journal
-//! were a third of the writer's work an event (BENCHMARKS.md, issue 22, twenty-first
+//! cost the writer 10 to 30 % of its CPU an event (BENCHMARKS.md, issue 22, twenty-first
 //! session).
 //!
 //! The first check is what lets the webhook take its integration from the cache
@@ -231,28 +231,21 @@ std::thread_local! {
     static SEEN: RefCell<Seen> = RefCell::default();
 }
 
-/// Adds a signature this transaction appends to the memory, undone if the transaction
-/// rolls back; false when it was there already.
+/// Adds a signature this transaction appends to the memory; false when it was there
+/// already. If the transaction rolls back, the signature is forgotten and the last id
+/// read is put back where it was before this check (a process that appends afterwards
+/// may take the ids of this transaction's appends, and they must be read).
 fn remember(signature: Signature) -> bool {
-    if !SEEN.with_borrow_mut(|seen| seen.signatures.insert(signature)) {
+    let Some(last) = SEEN.with_borrow_mut(|seen| seen.signatures.insert(signature).then_some(seen.last)) else {
         return false;
-    }
+    };
     sqlite_on_rollback(move || {
-        SEEN.with_borrow_mut(|seen| seen.signatures.remove(&signature));
+        SEEN.with_borrow_mut(|seen| {
+            seen.signatures.remove(&signature);
+            seen.last = last;
+        })
     });
     true
-}
-
-/// Moves the last id read on to this transaction's append `id`, back again if the
-/// transaction rolls back (a process that appends afterwards may take the same ids, and
-/// they must be read).
-fn read_up_to(id: i64) {
-    let before = SEEN.with_borrow_mut(|seen| {
-        let before = seen.last;
-        seen.last = id.max(before);
-        before
-    });
-    sqlite_on_rollback(move || SEEN.with_borrow_mut(|seen| seen.last = before));
 }
 
 /// Remembers a signature; false when it was seen before (a replay). See the module's
@@ -281,7 +274,8 @@ fn sqlite_remember(
     let mut log = tx.prepare_cached(SEEN_LOG_SQL)?;
     bind_dollar(&mut log, &[SqlValue::Integer(ts), SqlValue::Integer(integration), SqlValue::Text(signature.into())])?;
     log.raw_execute()?;
-    read_up_to(tx.last_insert_rowid());
+    let appended = tx.last_insert_rowid();
+    SEEN.with_borrow_mut(|seen| seen.last = seen.last.max(appended));
     Ok(true)
 }
 

@@ -151,7 +151,6 @@ pub(in crate::store) fn sqlite_on_rollback(undo: impl FnOnce() + 'static) {
 /// writes registered with `sqlite_on_rollback` is undone, last first.
 pub(in crate::store) fn sqlite_batch(conn: &mut rusqlite::Connection, batch: &mut [Queued]) -> Result<(), StoreError> {
     SERIAL.set(SERIAL.get() + 1);
-    UNDO.with_borrow_mut(Vec::clear);
     RUNNING.set(true);
     let ran = run_transaction(conn, batch);
     RUNNING.set(false);
