@@ -6,6 +6,13 @@
 //! backend (replicas and the SQLite writer keep going between batches); running on
 //! several replicas at once is harmless (a row is deleted once).
 //!
+//! Each batch finds its rows by a range of an index on the step's time, so the last
+//! batch of a table, which finds fewer rows than it asks for, reads no more than the
+//! first: without one it read the whole table while it held SQLite's write lock (250
+//! ms for an outbox of a million events; migrations `0016_retention_ranges` on SQLite
+//! and `0023` on PostgreSQL). The few steps still allowed to read their table are
+//! listed in this module's test.
+//!
 //! Never deleted here: a message-log row whose attempt is still `pending` (the orphan
 //! sweep settles it first), an undelivered webhook event, a review item waiting for a
 //! decision, a suppression (an opt-out is kept for as long as the customer exists).
@@ -201,6 +208,65 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tables whose old rows may still be found by reading the whole table, each a row a
+    /// call, a contact, a reviewed refusal, a sign-in address or invitation, a policy
+    /// command or replica: far fewer rows than sends, and the calls' and contacts' times
+    /// change at each event of theirs, so an index on them would be rewritten each time.
+    const READ_WHOLE: &[&str] = &[
+        "calls",
+        "review_queue",
+        "contact_activity",
+        "lid_map",
+        "dashboard_login_throttle",
+        "dashboard_invitations",
+        "policy_commands",
+        "policy_gateways",
+    ];
+
+    /// Every step's batch finds its rows by a range of an index, so its last batch (which
+    /// finds fewer rows than it asks for) does not read the table, on either store:
+    /// SQLite's plan names no `SCAN` of the table, and PostgreSQL's, with sequential
+    /// scans priced out, no `Seq Scan` of it.
+    #[tokio::test]
+    async fn each_step_reads_its_old_rows_by_an_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("retention.db");
+        Store::open(&format!("sqlite://{}?mode=rwc", path.display()), 2, None).await.unwrap().close().await;
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let mut scanned = Vec::new();
+        for ((table, _, _), [sqlite, _]) in STEPS.iter().zip(DELETES.iter()) {
+            let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {sqlite}")).unwrap();
+            let steps: Vec<String> =
+                plan.query_map((0i64, 10i64), |r| r.get(3)).unwrap().collect::<Result<_, _>>().unwrap();
+            if steps.iter().any(|s| s.starts_with(&format!("SCAN {table}"))) {
+                scanned.push(*table);
+            }
+        }
+        scanned.retain(|t| !READ_WHOLE.contains(t));
+        assert_eq!(scanned, Vec::<&str>::new(), "SQLite: steps that read their whole table");
+
+        let Some((store, admin, db)) = super::super::test_postgres::postgres_store("retention_plans").await else {
+            return;
+        };
+        let mut conn = store.write.acquire().await.unwrap();
+        sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await.unwrap();
+        let mut scanned = Vec::new();
+        for ((table, _, _), [_, postgres]) in STEPS.iter().zip(DELETES.iter()) {
+            if SQLITE_ONLY.contains(table) {
+                continue;
+            }
+            let rows = sqlx::query(&format!("EXPLAIN {postgres}")).bind(0i64).bind(10i64).fetch_all(&mut *conn).await;
+            let plan: Vec<String> = rows.unwrap().iter().map(|r| sqlx::Row::get(r, 0)).collect();
+            if plan.iter().any(|line| line.contains(&format!("Seq Scan on {table} "))) {
+                scanned.push(*table);
+            }
+        }
+        drop(conn);
+        super::super::test_postgres::drop_database(store, &admin, &db).await;
+        scanned.retain(|t| !READ_WHOLE.contains(t));
+        assert_eq!(scanned, Vec::<&str>::new(), "PostgreSQL: steps that read their whole table");
+    }
 
     #[test]
     fn a_batch_is_sized_to_take_about_its_pace() {
