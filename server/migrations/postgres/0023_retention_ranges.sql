@@ -14,4 +14,8 @@ CREATE INDEX outbox_delivered ON outbox (delivered_at) WHERE delivered_at IS NOT
 -- What the policy modules saw of each send ([policies] input_retention_days).
 CREATE INDEX policy_inputs_created ON policy_inputs (created_at);
 -- Idempotency keys past their time (their primary key begins with the client's key).
+-- 0008_exactly_once.sql kept the primary key alone and let retention scan by
+-- expires_at; that scan read a day of keys at every run. A key's answer does not change
+-- expires_at, so the index is written once a key (again only when a key is claimed
+-- anew).
 CREATE INDEX idempotency_keys_expiry ON idempotency_keys (expires_at);
