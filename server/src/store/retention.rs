@@ -1,10 +1,20 @@
 //! Retention: every table that grows with traffic loses its rows past their time, in
 //! one place ([`Store::run_retention`]), run by a background job on every gateway and
 //! by `gateway retention run`. Deletes go in batches, each sized to take about a set
-//! time ([`Pace`]) and followed by a pause four times as long, so a large backlog never
-//! holds SQLite's write lock for long nor takes more than a fifth of a PostgreSQL
-//! backend (replicas and the SQLite writer keep going between batches); running on
-//! several replicas at once is harmless (a row is deleted once).
+//! time ([`Pace`]) and followed by a pause, so a large backlog never holds SQLite's write
+//! lock for long nor takes more than a fifth of a PostgreSQL backend (replicas and the
+//! SQLite writer keep going between batches); running on several replicas at once is
+//! harmless (a row is deleted once).
+//!
+//! The pause is as long as the rows past their time allow ([`pause`]): a run first
+//! counts them ([`Store::retention_backlog`]) and spreads their batches over
+//! [`BUDGET`], with a pause of at most [`GENTLE`] and at least [`PAUSE`] times the
+//! batch, however far behind it is. What a delete costs the sends beside it is its rate,
+//! not how long it holds the lock: every row deleted rewrites a page in each of its
+//! table's indexes, and the sends' commits share the disk with those writes. A day of a
+//! 1 M-row log (11,000 rows) at a fifth of the store's time went in 7 to 10 s, and the
+//! p99 of sends beside it was twice that of sends alone; spread over 200 s it was 1.1
+//! to 1.3 times (BENCHMARKS.md, issue 22, twenty-third session).
 //!
 //! Each batch finds its rows by a range of an index on the step's time, so the last
 //! batch of a table, which finds fewer rows than it asks for, reads no more than the
@@ -26,7 +36,7 @@ use std::time::Duration;
 
 /// How retention paces its deletes on one store: each batch is sized from the time of
 /// the one before to take about `hold` (at most twice as many rows at a time, within
-/// `rows`), and retention then waits [`PAUSE`] times as long.
+/// `rows`), and retention then pauses ([`pause`]).
 ///
 /// On SQLite a batch holds the one write lock that every send's write needs. Batches of
 /// 5,000 rows and then of 500 (rows of the message log take their seven indexes with
@@ -45,9 +55,29 @@ pub struct Pace {
 pub const SQLITE: Pace = Pace { hold: Duration::from_millis(2), rows: (50, 10, 500) };
 /// PostgreSQL's pace.
 pub const POSTGRES: Pace = Pace { hold: Duration::from_millis(20), rows: (500, 100, 5_000) };
-/// The pause after a batch, in multiples of the time the batch took: sends keep the
-/// store at least four fifths of the time.
+/// The shortest pause after a batch, in multiples of the time the batch took: sends keep
+/// the store at least four fifths of the time, however far behind retention is.
 pub const PAUSE: u32 = 4;
+/// The longest: retention takes a hundredth of the store's time when its rows can go
+/// within [`BUDGET`] at that pace.
+pub const GENTLE: u32 = 99;
+/// How long a run may take at a pace gentler than [`PAUSE`]: half the job's interval,
+/// so that a run ends before the next one starts.
+pub const BUDGET: Duration = Duration::from_secs(300);
+/// Rows counted a step at most, before a run ([`Store::retention_backlog`]). A run with a
+/// step that has as many is far behind, and goes at a pause of [`PAUSE`] throughout.
+const COUNTED: i64 = 100_000;
+
+/// The pause after a batch of `size` rows that took `took`, with `left` rows still to
+/// go and `budget` left of [`BUDGET`]: the longest, up to [`GENTLE`] times `took`, at
+/// which batches like this one delete `left` within `budget`; [`PAUSE`] times `took` if
+/// none does. At least a millisecond.
+pub fn pause(size: i64, took: Duration, left: i64, budget: Duration) -> Duration {
+    let batches = (left as f64 / size.max(1) as f64).max(1.0);
+    let took_s = took.as_secs_f64().max(1e-6);
+    let times = (budget.as_secs_f64() / (batches * took_s) - 1.0).clamp(f64::from(PAUSE), f64::from(GENTLE));
+    took.mul_f64(times).max(Duration::from_millis(1))
+}
 
 impl Pace {
     /// The size of the next batch, after one of `size` rows took `took`.
@@ -91,9 +121,25 @@ static DELETES: LazyLock<Vec<[String; 2]>> = LazyLock::new(|| {
         .collect()
 });
 
+/// The count of a step's rows past their time (`$1` the cut-off), up to [`COUNTED`], on
+/// either store.
+static COUNTS: LazyLock<Vec<String>> = LazyLock::new(|| {
+    STEPS
+        .iter()
+        .map(|(table, condition, _)| {
+            format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {condition} LIMIT {COUNTED}) past")
+        })
+        .collect()
+});
+
 /// Tables of the SQLite store alone (`pbx_signature_log`: SQLite's replay check, see
 /// `store::pbx::admit`).
 const SQLITE_ONLY: &[&str] = &["pbx_signature_log"];
+
+/// Whether `table`'s steps run on `backend`.
+fn runs_on(backend: Backend, table: &str) -> bool {
+    backend == Backend::Sqlite || !SQLITE_ONLY.contains(&table)
+}
 
 /// Rows one run deleted from one table.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -152,29 +198,68 @@ const STEPS: &[Step] = &[
 
 /// The tables retention keeps short on `backend`, each named once.
 pub fn tables(backend: Backend) -> Vec<&'static str> {
-    let on = |t: &&str| backend == Backend::Sqlite || !SQLITE_ONLY.contains(t);
-    let mut tables: Vec<&'static str> = STEPS.iter().map(|(t, _, _)| *t).filter(on).collect();
+    let mut tables: Vec<&'static str> = STEPS.iter().map(|(t, _, _)| *t).filter(|t| runs_on(backend, t)).collect();
     tables.dedup();
     tables
 }
 
+/// Adds `rows` to `table`'s line of `report` (a table of two steps has one line).
+fn add(report: &mut Vec<Pruned>, table: &'static str, rows: u64) {
+    match report.iter_mut().find(|p| p.table == table) {
+        Some(p) => p.rows += rows,
+        None => report.push(Pruned { table, rows }),
+    }
+}
+
 impl Store {
+    /// The steps of this store's backend, each with its place in `STEPS`.
+    fn retention_steps(&self) -> impl Iterator<Item = (usize, &'static Step)> {
+        let backend = self.backend;
+        STEPS.iter().enumerate().filter(move |(_, (table, _, _))| runs_on(backend, table))
+    }
+
+    /// The rows that a run with `plan` would delete now, by table, each step's counted
+    /// up to 100,000. Read without the write lock (SQLite) and outside the writer.
+    pub async fn retention_backlog(&self, plan: &RetentionPlan) -> Result<Vec<Pruned>, StoreError> {
+        let mut report = Vec::new();
+        for (table, rows) in self.retention_counts(plan).await? {
+            add(&mut report, table, rows as u64);
+        }
+        Ok(report)
+    }
+
+    /// Each step's rows past their time, up to [`COUNTED`].
+    async fn retention_counts(&self, plan: &RetentionPlan) -> Result<Vec<(&'static str, i64)>, StoreError> {
+        let mut counts = Vec::new();
+        for (i, (table, _, cut_off)) in self.retention_steps() {
+            let rows: i64 = sqlx::query_scalar(&COUNTS[i]).bind(cut_off(plan)).fetch_one(&self.read).await?;
+            counts.push((*table, rows));
+        }
+        Ok(counts)
+    }
+
     /// Deletes every row past its time; what each table lost.
     pub async fn run_retention(&self, plan: &RetentionPlan) -> Result<Vec<Pruned>, StoreError> {
+        let started = tokio::time::Instant::now();
+        let counts = self.retention_counts(plan).await?;
+        // A step counted to its limit has more: too many to spread over the budget.
+        let mut left: i64 = if counts.iter().any(|(_, rows)| *rows >= COUNTED) {
+            i64::MAX / 2
+        } else {
+            counts.iter().map(|(_, rows)| rows).sum()
+        };
         let mut report: Vec<Pruned> = Vec::new();
         let pace = match self.backend {
             Backend::Sqlite => SQLITE,
             Backend::Postgres => POSTGRES,
         };
         let mut size = pace.rows.0;
-        for ((table, _, cut_off), [sqlite, postgres]) in STEPS.iter().zip(DELETES.iter()) {
-            if self.backend == Backend::Postgres && SQLITE_ONLY.contains(table) {
-                continue;
-            }
+        for (i, (table, _, cut_off)) in self.retention_steps() {
+            let [sqlite, postgres] = &DELETES[i];
             let at = cut_off(plan);
             let mut rows = 0;
             loop {
-                let started = tokio::time::Instant::now();
+                let batch = tokio::time::Instant::now();
                 let done = match self.backend {
                     // On SQLite through the store's writer, between the sends' writes:
                     // from another connection each batch waited for the lock, and the
@@ -189,17 +274,16 @@ impl Store {
                     }
                 };
                 rows += done;
+                left -= done as i64;
                 if done < size as u64 {
                     break;
                 }
-                let took = started.elapsed();
+                let took = batch.elapsed();
+                let budget = BUDGET.saturating_sub(started.elapsed());
+                tokio::time::sleep(pause(size, took, left, budget)).await;
                 size = pace.next(size, took);
-                tokio::time::sleep((took * PAUSE).max(Duration::from_millis(1))).await;
             }
-            match report.iter_mut().find(|p| p.table == *table) {
-                Some(p) => p.rows += rows,
-                None => report.push(Pruned { table, rows }),
-            }
+            add(&mut report, table, rows);
         }
         Ok(report)
     }
@@ -295,6 +379,27 @@ mod tests {
             }
         }
         Ok(reads)
+    }
+
+    #[test]
+    fn the_pause_spreads_what_is_left_over_the_budget_within_its_bounds() {
+        let ms = Duration::from_millis;
+        let s = Duration::from_secs;
+        // Within a microsecond (the multiple is a float).
+        let is = |got: Duration, want: Duration| {
+            assert!(got.abs_diff(want) < Duration::from_micros(1), "{got:?}, not {want:?}")
+        };
+        // 10,000 rows left in batches of 10 taking 2 ms: 2 s of deletes, and 100 s left,
+        // so a pause of 98 ms a batch (each batch with its pause a tenth of a second).
+        is(pause(10, ms(2), 10_000, s(100)), ms(98));
+        // A handful left and all the time in the world: at most GENTLE times the batch.
+        is(pause(10, ms(2), 30, BUDGET), ms(2) * GENTLE);
+        is(pause(10, ms(2), 0, BUDGET), ms(2) * GENTLE);
+        // Behind: the budget cannot hold them at any pace, or it is spent. At least PAUSE.
+        is(pause(10, ms(2), 1_000_000, s(100)), ms(2) * PAUSE);
+        is(pause(10, ms(2), 100, Duration::ZERO), ms(2) * PAUSE);
+        // Never under a millisecond, whatever the clock said.
+        is(pause(10, Duration::ZERO, 1_000_000, Duration::ZERO), ms(1));
     }
 
     #[test]

@@ -17,7 +17,8 @@ pub struct BackupArgs {
 
 #[derive(Subcommand)]
 pub enum RetentionCommand {
-    /// Delete every row past its retention now; prints the rows deleted per table.
+    /// Delete every row past its retention now, paced so that sends go on beside it (a
+    /// backlog that fits is spread over up to 5 minutes); prints the rows deleted per table.
     Run,
 }
 
