@@ -11,6 +11,8 @@
 #   STORES=postgres RATE=300 bench/retention.sh  # below what PostgreSQL serves on this machine
 #
 # Every other table keeps its 90 days in both runs, so the log's day is all that goes.
+# Retention spreads a run over up to 5 minutes (store::retention), so "beside retention"
+# here is its first DURATION seconds; bench/retention_slices.sh follows the whole run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}

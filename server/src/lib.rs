@@ -419,19 +419,14 @@ const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Deletes rows past their retention (`store::retention`) every 10 minutes, the first
 /// time a minute after start. A run spreads its batches over minutes, so a stop ends it
-/// between two batches (each its own transaction; the rest goes at the next start)
-/// rather than after it.
+/// before its next batch (each batch is its own transaction; the rest goes at the next
+/// start), and what it deleted until then is logged.
 async fn retention(store: Store, config: Arc<Config>, log: Logger, mut stop: Shutdown) {
     let start = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut tick = tokio::time::interval_at(start, Duration::from_secs(600));
     while stop.tick(&mut tick).await {
         let (plan, started) = (retention_plan(&config, store::now_ms()), tokio::time::Instant::now());
-        let run = tokio::select! {
-            biased;
-            _ = stop.stopped() => break,
-            run = store.run_retention(&plan) => run,
-        };
-        match run {
+        match store.run_retention_until(&plan, stop.stopped()).await {
             Ok(report) => {
                 let pruned: Vec<String> =
                     report.iter().filter(|p| p.rows > 0).map(|p| format!("{} {}", p.table, p.rows)).collect();

@@ -13,8 +13,9 @@
 //! not how long it holds the lock: every row deleted rewrites a page in each of its
 //! table's indexes, and the sends' commits share the disk with those writes. A day of a
 //! 1 M-row log (11,000 rows) at a fifth of the store's time went in 7 to 10 s, and the
-//! p99 of sends beside it was twice that of sends alone; spread over 200 s it was 1.1
-//! to 1.3 times (BENCHMARKS.md, issue 22, twenty-third session).
+//! p99 of sends beside it was 1.6 to 2.1 times that of sends alone; spread over 200 s
+//! it was 1.1 to 1.3 times (BENCHMARKS.md, issue 22, twenty-third session). A run can
+//! be stopped between two batches ([`Store::run_retention_until`]).
 //!
 //! Each batch finds its rows by a range of an index on the step's time, so the last
 //! batch of a table, which finds fewer rows than it asks for, reads no more than the
@@ -64,9 +65,11 @@ pub const GENTLE: u32 = 99;
 /// How long a run may take at a pace gentler than [`PAUSE`]: half the job's interval,
 /// so that a run ends before the next one starts.
 pub const BUDGET: Duration = Duration::from_secs(300);
-/// Rows counted a step at most, before a run ([`Store::retention_backlog`]). A run with a
-/// step that has as many is far behind, and goes at a pause of [`PAUSE`] throughout.
-const COUNTED: i64 = 100_000;
+/// Rows counted a step at most, before a run ([`Store::retention_backlog`]). While a step
+/// with as many runs, the rows left are not known, and its pause is [`PAUSE`] times the
+/// batch (a million of the message log's rows take about 20 minutes at that pace on
+/// SQLite, far past [`BUDGET`]).
+const COUNTED: i64 = 1_000_000;
 
 /// The pause after a batch of `size` rows that took `took`, with `left` rows still to
 /// go and `budget` left of [`BUDGET`]: the longest, up to [`GENTLE`] times `took`, at
@@ -105,9 +108,18 @@ pub struct RetentionPlan {
     pub policy_inputs_before: i64,
 }
 
-/// The delete of one batch of a step's rows (`$1` the cut-off, `$2` how many), on SQLite
-/// and on PostgreSQL, made once (the writer takes its statements as `&'static str`).
-static DELETES: LazyLock<Vec<[String; 2]>> = LazyLock::new(|| {
+/// A step's statements, made once (the writer takes its statements as `&'static str`).
+struct StepSql {
+    /// The delete of one batch of its rows (`$1` the cut-off, `$2` how many), on SQLite
+    /// and on PostgreSQL.
+    delete: [String; 2],
+    /// The count of its rows past their time (`$1` the cut-off), up to [`COUNTED`], on
+    /// either store.
+    count: String,
+}
+
+/// Each step's statements, in the order of `STEPS`.
+static SQL: LazyLock<Vec<StepSql>> = LazyLock::new(|| {
     let delete = |table: &str, condition: &str, key: &str| {
         format!("DELETE FROM {table} WHERE ({key}) IN (SELECT {key} FROM {table} WHERE {condition} LIMIT $2)")
     };
@@ -116,18 +128,10 @@ static DELETES: LazyLock<Vec<[String; 2]>> = LazyLock::new(|| {
         .map(|(table, condition, _)| {
             // SQLite's tables without a rowid are named by their primary key.
             let sqlite_key = if *table == "pbx_seen_signatures" { "ts, integration_id, signature" } else { "rowid" };
-            [delete(table, condition, sqlite_key), delete(table, condition, "ctid")]
-        })
-        .collect()
-});
-
-/// The count of a step's rows past their time (`$1` the cut-off), up to [`COUNTED`], on
-/// either store.
-static COUNTS: LazyLock<Vec<String>> = LazyLock::new(|| {
-    STEPS
-        .iter()
-        .map(|(table, condition, _)| {
-            format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {condition} LIMIT {COUNTED}) past")
+            StepSql {
+                delete: [delete(table, condition, sqlite_key), delete(table, condition, "ctid")],
+                count: format!("SELECT COUNT(*) FROM (SELECT 1 FROM {table} WHERE {condition} LIMIT {COUNTED}) past"),
+            }
         })
         .collect()
 });
@@ -219,7 +223,7 @@ impl Store {
     }
 
     /// The rows that a run with `plan` would delete now, by table, each step's counted
-    /// up to 100,000. Read without the write lock (SQLite) and outside the writer.
+    /// up to [`COUNTED`]. Read without the write lock (SQLite) and outside the writer.
     pub async fn retention_backlog(&self, plan: &RetentionPlan) -> Result<Vec<Pruned>, StoreError> {
         let mut report = Vec::new();
         for (table, rows) in self.retention_counts(plan).await? {
@@ -228,11 +232,11 @@ impl Store {
         Ok(report)
     }
 
-    /// Each step's rows past their time, up to [`COUNTED`].
+    /// Each step's rows past their time, up to [`COUNTED`], in the order of the steps.
     async fn retention_counts(&self, plan: &RetentionPlan) -> Result<Vec<(&'static str, i64)>, StoreError> {
         let mut counts = Vec::new();
         for (i, (table, _, cut_off)) in self.retention_steps() {
-            let rows: i64 = sqlx::query_scalar(&COUNTS[i]).bind(cut_off(plan)).fetch_one(&self.read).await?;
+            let rows: i64 = sqlx::query_scalar(&SQL[i].count).bind(cut_off(plan)).fetch_one(&self.read).await?;
             counts.push((*table, rows));
         }
         Ok(counts)
@@ -240,25 +244,39 @@ impl Store {
 
     /// Deletes every row past its time; what each table lost.
     pub async fn run_retention(&self, plan: &RetentionPlan) -> Result<Vec<Pruned>, StoreError> {
+        self.run_retention_until(plan, std::future::pending()).await
+    }
+
+    /// Deletes every row past its time, unless `stop` resolves first: the run then ends
+    /// before its next batch (each batch is its own transaction) and what is left goes at
+    /// the next run. What each table it reached lost.
+    pub async fn run_retention_until(
+        &self,
+        plan: &RetentionPlan,
+        stop: impl Future<Output = ()>,
+    ) -> Result<Vec<Pruned>, StoreError> {
+        tokio::pin!(stop);
         let started = tokio::time::Instant::now();
         let counts = self.retention_counts(plan).await?;
-        // A step counted to its limit has more: too many to spread over the budget.
-        let mut left: i64 = if counts.iter().any(|(_, rows)| *rows >= COUNTED) {
-            i64::MAX / 2
-        } else {
-            counts.iter().map(|(_, rows)| rows).sum()
-        };
+        // The rows of the steps after the one in progress.
+        let mut later: i64 = counts.iter().map(|(_, rows)| rows).sum();
         let mut report: Vec<Pruned> = Vec::new();
         let pace = match self.backend {
             Backend::Sqlite => SQLITE,
             Backend::Postgres => POSTGRES,
         };
         let mut size = pace.rows.0;
-        for (i, (table, _, cut_off)) in self.retention_steps() {
-            let [sqlite, postgres] = &DELETES[i];
+        'steps: for ((i, (table, _, cut_off)), (_, counted)) in self.retention_steps().zip(&counts) {
+            let [sqlite, postgres] = &SQL[i].delete;
             let at = cut_off(plan);
-            let mut rows = 0;
+            later -= counted;
+            // A step counted to its limit has more; how many is not known.
+            let mut this = if *counted >= COUNTED { i64::MAX / 2 } else { *counted };
+            add(&mut report, table, 0);
             loop {
+                if stopped(&mut stop).await {
+                    break 'steps;
+                }
                 let batch = tokio::time::Instant::now();
                 let done = match self.backend {
                     // On SQLite through the store's writer, between the sends' writes:
@@ -273,19 +291,34 @@ impl Store {
                         sqlx::query(postgres).bind(at).bind(size).execute(&self.write).await?.rows_affected()
                     }
                 };
-                rows += done;
-                left -= done as i64;
+                add(&mut report, table, done);
+                this -= done as i64;
                 if done < size as u64 {
                     break;
                 }
                 let took = batch.elapsed();
-                let budget = BUDGET.saturating_sub(started.elapsed());
-                tokio::time::sleep(pause(size, took, left, budget)).await;
+                // None counted left: most likely the next batch finds none, so no pause.
+                if this > 0 {
+                    let pause = pause(size, took, this + later, BUDGET.saturating_sub(started.elapsed()));
+                    tokio::select! {
+                        biased;
+                        _ = &mut stop => break 'steps,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
                 size = pace.next(size, took);
             }
-            add(&mut report, table, rows);
         }
         Ok(report)
+    }
+}
+
+/// Whether `stop` has resolved, without waiting for it.
+async fn stopped(stop: &mut std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
+    tokio::select! {
+        biased;
+        _ = stop => true,
+        _ = std::future::ready(()) => false,
     }
 }
 
@@ -308,8 +341,9 @@ mod tests {
         "policy_gateways",
     ];
 
-    /// Every step's batch finds its rows by a range of an index, so its last batch (which
-    /// finds fewer rows than it asks for) reads no table whole, on either store: SQLite's
+    /// Every step's batch, and its count before a run, finds its rows by a range of an
+    /// index, so its last batch (which finds fewer rows than it asks for) reads no table
+    /// whole, on either store: SQLite's
     /// plan has no `SCAN` of any table; PostgreSQL's, with sequential scans, hash and
     /// merge joins priced out (as the batch functions run), has no sequential scan and no
     /// index scan without a condition, in its custom plan or its generic one (what a
@@ -321,12 +355,19 @@ mod tests {
         Store::open(&format!("sqlite://{}?mode=rwc", path.display()), 2, None).await.unwrap().close().await;
         let conn = rusqlite::Connection::open(&path).unwrap();
         let mut whole = Vec::new();
-        for ((table, _, _), [sqlite, _]) in STEPS.iter().zip(DELETES.iter()) {
-            let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {sqlite}")).unwrap();
-            let lines: Vec<String> =
-                plan.query_map((0i64, 10i64), |r| r.get(3)).unwrap().collect::<Result<_, _>>().unwrap();
-            if !READ_WHOLE.contains(table) && lines.iter().any(|line| line.starts_with("SCAN ")) {
-                whole.push(format!("{table}: {lines:?}"));
+        for ((table, _, _), sql) in STEPS.iter().zip(SQL.iter()) {
+            for (what, sql, params) in [("delete", &sql.delete[0], &[0i64, 10][..]), ("count", &sql.count, &[0][..])] {
+                let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+                let lines: Vec<String> = plan
+                    .query_map(rusqlite::params_from_iter(params), |r| r.get(3))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                // `past`: the count's subquery, read as it is made.
+                let scan = |line: &String| line.starts_with("SCAN ") && line != "SCAN past";
+                if !READ_WHOLE.contains(table) && lines.iter().any(scan) {
+                    whole.push(format!("{table} ({what}): {lines:?}"));
+                }
             }
         }
         assert_eq!(whole, Vec::<String>::new(), "SQLite: steps that read a table whole");
@@ -347,14 +388,19 @@ mod tests {
             sqlx::query(&format!("SET {setting} = off")).execute(&mut *conn).await?;
         }
         let mut reads = Vec::new();
-        for (i, ((table, _, _), [_, postgres])) in STEPS.iter().zip(DELETES.iter()).enumerate() {
-            if SQLITE_ONLY.contains(table) || READ_WHOLE.contains(table) {
+        for (i, (table, _, _)) in store.retention_steps() {
+            if READ_WHOLE.contains(table) {
                 continue;
             }
-            sqlx::query(&format!("PREPARE step{i}(bigint, bigint) AS {postgres}")).execute(&mut *conn).await?;
-            for mode in ["force_custom_plan", "force_generic_plan"] {
+            let sql = &SQL[i];
+            sqlx::query(&format!("PREPARE delete{i}(bigint, bigint) AS {}", sql.delete[1])).execute(&mut *conn).await?;
+            sqlx::query(&format!("PREPARE count{i}(bigint) AS {}", sql.count)).execute(&mut *conn).await?;
+            for (mode, what) in ["force_custom_plan", "force_generic_plan"]
+                .into_iter()
+                .flat_map(|mode| [(mode, format!("delete{i}(0, 10)")), (mode, format!("count{i}(0)"))])
+            {
                 sqlx::query(&format!("SET plan_cache_mode = {mode}")).execute(&mut *conn).await?;
-                let rows = sqlx::query(&format!("EXPLAIN EXECUTE step{i}(0, 10)")).fetch_all(&mut *conn).await?;
+                let rows = sqlx::query(&format!("EXPLAIN EXECUTE {what}")).fetch_all(&mut *conn).await?;
                 let lines = rows.iter().map(|r| sqlx::Row::try_get(r, 0)).collect::<Result<Vec<String>, _>>()?;
                 // A node is its line (the first, or one with `->`) and the lines under it.
                 let mut nodes: Vec<(String, bool)> = Vec::new();
@@ -374,11 +420,51 @@ mod tests {
                     .map(|(node, _)| node)
                     .collect();
                 if !whole.is_empty() {
-                    reads.push(format!("{table} ({mode}): {whole:?}"));
+                    reads.push(format!("{table} ({what}, {mode}): {whole:?}"));
                 }
             }
         }
         Ok(reads)
+    }
+
+    /// A run told to stop ends before its next batch, with what it deleted until then; a
+    /// run left alone deletes every row past its time, in batches.
+    #[tokio::test]
+    async fn a_stopped_run_ends_before_its_next_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Store::open(&format!("sqlite://{}?mode=rwc", dir.path().join("r.db").display()), 2, None).await.unwrap();
+        let lapsed = |n: i64| Statement {
+            sql: "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($1, 0, 1)",
+            params: vec![SqlValue::Text(format!("lapsed-{n}"))],
+        };
+        store.write(Exec((0..300).map(lapsed).collect())).await.unwrap();
+        let plan = RetentionPlan {
+            now: crate::store::now_ms(),
+            message_log_before: 0,
+            inbound_before: 0,
+            provider_events_applied_before: 0,
+            provider_events_failed_before: 0,
+            review_before: 0,
+            contacts_before: 0,
+            webhooks_before: 0,
+            pbx_events_before: 0,
+            pbx_signatures_before_seconds: 0,
+            policy_inputs_before: 0,
+        };
+        let rate_limits = |report: &[Pruned]| report.iter().find(|p| p.table == "rate_limits").map(|p| p.rows);
+        let backlog = store.retention_backlog(&plan).await.unwrap();
+        assert_eq!(rate_limits(&backlog), Some(300));
+
+        let stopped = store.run_retention_until(&plan, std::future::ready(())).await.unwrap();
+        assert!(stopped.iter().all(|p| p.rows == 0), "{stopped:?}");
+        assert_eq!(rate_limits(&stopped), None, "the run ended before it reached the table");
+        assert_eq!(store.retention_backlog(&plan).await.unwrap(), backlog, "nothing was deleted");
+
+        let run = store.run_retention(&plan).await.unwrap();
+        assert_eq!(run, backlog);
+        assert!(store.retention_backlog(&plan).await.unwrap().iter().all(|p| p.rows == 0));
+        store.close().await;
     }
 
     #[test]
