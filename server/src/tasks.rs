@@ -3,9 +3,10 @@
 //! reload, the webhook dispatcher) is spawned by a [`Tasks`] runner under a name, with
 //! a [`Shutdown`] signal.
 //!
-//! A job looks at its signal only between iterations, so a stop lets the iteration in
-//! progress finish (a sweep's update, a delivery batch; a retention run, spread over
-//! minutes, ends before its next batch) and the job then returns. [`Tasks::close`] signals every job and waits for them within a bound;
+//! A job looks at its signal between iterations (retention, whose run is spread over
+//! minutes, also between the batches of a run), so a stop lets the work in progress
+//! finish (a sweep's update, a delivery batch, a retention batch) and the job then
+//! returns. [`Tasks::close`] signals every job and waits for them within a bound;
 //! a job still running after it is named in a warning and aborted. [`Tasks::stop`]
 //! does the same for one job, for a server that stops its jobs in an order.
 //!

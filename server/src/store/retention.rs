@@ -7,15 +7,16 @@
 //! harmless (a row is deleted once).
 //!
 //! The pause is as long as the rows past their time allow ([`pause`]): a run first
-//! counts them ([`Store::retention_backlog`]) and spreads their batches over
-//! [`BUDGET`], with a pause of at most [`GENTLE`] and at least [`PAUSE`] times the
-//! batch, however far behind it is. What a delete costs the sends beside it is its rate,
-//! not how long it holds the lock: every row deleted rewrites a page in each of its
-//! table's indexes, and the sends' commits share the disk with those writes. A day of a
-//! 1 M-row log (11,000 rows) at a fifth of the store's time went in 7 to 10 s, and the
-//! p99 of sends beside it was 1.6 to 2.1 times that of sends alone; spread over 200 s
-//! it was 1.1 to 1.3 times (BENCHMARKS.md, issue 22, twenty-third session). A run can
-//! be stopped between two batches ([`Store::run_retention_until`]).
+//! counts them ([`Store::retention_backlog`]) and, from [`SPREAD_FROM`] rows, spreads
+//! their batches over [`BUDGET`], with a pause of at most [`GENTLE`] times the batch
+//! (and [`LONGEST`]) and at least [`PAUSE`] times, however far behind it is. What a
+//! delete costs the sends beside it is its rate, not how long it holds the lock: every
+//! row deleted rewrites a page in each of its table's indexes, and the sends' commits
+//! share the disk with those writes. A day of a 1 M-row log (11,000 rows) at a fifth of
+//! the store's time went in 7 to 10 s, and the p99 of sends beside it was 1.6 to 2.1
+//! times that of sends alone; spread over 200 s it was 1.1 to 1.3 times (BENCHMARKS.md,
+//! issue 22, twenty-third session). A run can be stopped between two batches
+//! ([`Store::run_retention_until`]).
 //!
 //! Each batch finds its rows by a range of an index on the step's time, so the last
 //! batch of a table, which finds fewer rows than it asks for, reads no more than the
@@ -65,21 +66,27 @@ pub const GENTLE: u32 = 99;
 /// How long a run may take at a pace gentler than [`PAUSE`]: half the job's interval,
 /// so that a run ends before the next one starts.
 pub const BUDGET: Duration = Duration::from_secs(300);
+/// A run of fewer rows goes at the shortest pause: it is over in a second or two on
+/// either store, too short to move a minute's p99 of sends.
+pub const SPREAD_FROM: i64 = 2_000;
+/// The longest pause [`GENTLE`] gives: a batch that met a stall of the disk (and took
+/// long) is not followed by a pause a hundred times as long.
+pub const LONGEST: Duration = Duration::from_secs(1);
 /// Rows counted a step at most, before a run ([`Store::retention_backlog`]). While a step
 /// with as many runs, the rows left are not known, and its pause is [`PAUSE`] times the
-/// batch (a million of the message log's rows take about 20 minutes at that pace on
-/// SQLite, far past [`BUDGET`]).
+/// batch (a million of the message log's rows take about a quarter of an hour at that
+/// pace on SQLite, far past [`BUDGET`]).
 const COUNTED: i64 = 1_000_000;
 
 /// The pause after a batch of `size` rows that took `took`, with `left` rows still to
-/// go and `budget` left of [`BUDGET`]: the longest, up to [`GENTLE`] times `took`, at
-/// which batches like this one delete `left` within `budget`; [`PAUSE`] times `took` if
-/// none does. At least a millisecond.
+/// go and `budget` left of [`BUDGET`]: the longest, up to [`GENTLE`] times `took` and
+/// [`LONGEST`], at which batches like this one delete `left` within `budget`; [`PAUSE`]
+/// times `took` if none does. At least a millisecond.
 pub fn pause(size: i64, took: Duration, left: i64, budget: Duration) -> Duration {
     let batches = (left as f64 / size.max(1) as f64).max(1.0);
     let took_s = took.as_secs_f64().max(1e-6);
     let times = (budget.as_secs_f64() / (batches * took_s) - 1.0).clamp(f64::from(PAUSE), f64::from(GENTLE));
-    took.mul_f64(times).max(Duration::from_millis(1))
+    took.mul_f64(times).min(LONGEST.max(took * PAUSE)).max(Duration::from_millis(1))
 }
 
 impl Pace {
@@ -257,9 +264,14 @@ impl Store {
     ) -> Result<Vec<Pruned>, StoreError> {
         tokio::pin!(stop);
         let started = tokio::time::Instant::now();
-        let counts = self.retention_counts(plan).await?;
+        let counts = tokio::select! {
+            biased;
+            _ = &mut stop => return Ok(Vec::new()),
+            counts = self.retention_counts(plan) => counts?,
+        };
         // The rows of the steps after the one in progress.
         let mut later: i64 = counts.iter().map(|(_, rows)| rows).sum();
+        let budget = if later < SPREAD_FROM { Duration::ZERO } else { BUDGET };
         let mut report: Vec<Pruned> = Vec::new();
         let pace = match self.backend {
             Backend::Sqlite => SQLITE,
@@ -297,9 +309,11 @@ impl Store {
                     break;
                 }
                 let took = batch.elapsed();
-                // None counted left: most likely the next batch finds none, so no pause.
-                if this > 0 {
-                    let pause = pause(size, took, this + later, BUDGET.saturating_sub(started.elapsed()));
+                // The last of the rows counted went: most likely the next batch finds none,
+                // so no pause, once. Rows past their time since the count (a send settled
+                // late) leave `this` below zero, and pause as any other batch.
+                if this != 0 {
+                    let pause = pause(size, took, this.max(0) + later, budget.saturating_sub(started.elapsed()));
                     tokio::select! {
                         biased;
                         _ = &mut stop => break 'steps,
@@ -486,6 +500,9 @@ mod tests {
         is(pause(10, ms(2), 100, Duration::ZERO), ms(2) * PAUSE);
         // Never under a millisecond, whatever the clock said.
         is(pause(10, Duration::ZERO, 1_000_000, Duration::ZERO), ms(1));
+        // A batch that met a stall: a second at most, unless PAUSE times it is longer.
+        is(pause(10, ms(100), 30, BUDGET), LONGEST);
+        is(pause(10, ms(400), 1_000_000, s(100)), ms(1600));
     }
 
     #[test]
