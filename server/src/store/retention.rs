@@ -309,16 +309,13 @@ impl Store {
                     break;
                 }
                 let took = batch.elapsed();
-                // The last of the rows counted went: most likely the next batch finds none,
-                // so no pause, once. Rows past their time since the count (a send settled
-                // late) leave `this` below zero, and pause as any other batch.
-                if this != 0 {
-                    let pause = pause(size, took, this.max(0) + later, budget.saturating_sub(started.elapsed()));
-                    tokio::select! {
-                        biased;
-                        _ = &mut stop => break 'steps,
-                        _ = tokio::time::sleep(pause) => {}
-                    }
+                // Rows past their time since the count (a send settled late) leave `this`
+                // below zero.
+                let pause = pause(size, took, this.max(0) + later, budget.saturating_sub(started.elapsed()));
+                tokio::select! {
+                    biased;
+                    _ = &mut stop => break 'steps,
+                    _ = tokio::time::sleep(pause) => {}
                 }
                 size = pace.next(size, took);
             }
@@ -357,11 +354,10 @@ mod tests {
 
     /// Every step's batch, and its count before a run, finds its rows by a range of an
     /// index, so its last batch (which finds fewer rows than it asks for) reads no table
-    /// whole, on either store: SQLite's
-    /// plan has no `SCAN` of any table; PostgreSQL's, with sequential scans, hash and
-    /// merge joins priced out (as the batch functions run), has no sequential scan and no
-    /// index scan without a condition, in its custom plan or its generic one (what a
-    /// prepared statement runs after five executions).
+    /// whole, on either store: SQLite's plan has no `SCAN` of any table; PostgreSQL's,
+    /// with sequential scans, hash and merge joins priced out (as the batch functions
+    /// run), has no sequential scan and no index scan without a condition, in its custom
+    /// plan or its generic one (what a prepared statement runs after five executions).
     #[tokio::test]
     async fn each_step_reads_its_old_rows_by_an_index() {
         let dir = tempfile::tempdir().unwrap();
