@@ -262,6 +262,17 @@ impl Store {
         plan: &RetentionPlan,
         stop: impl Future<Output = ()>,
     ) -> Result<Vec<Pruned>, StoreError> {
+        self.run_retention_paced(plan, stop, pause).await
+    }
+
+    /// [`Store::run_retention_until`], with `pause` giving each batch's pause (a test
+    /// gives one long enough that only a stop can end it).
+    async fn run_retention_paced(
+        &self,
+        plan: &RetentionPlan,
+        stop: impl Future<Output = ()>,
+        pause: fn(i64, Duration, i64, Duration) -> Duration,
+    ) -> Result<Vec<Pruned>, StoreError> {
         tokio::pin!(stop);
         let started = tokio::time::Instant::now();
         let counts = tokio::select! {
@@ -449,19 +460,7 @@ mod tests {
             params: vec![SqlValue::Text(format!("lapsed-{n}"))],
         };
         store.write(Exec((0..300).map(lapsed).collect())).await.unwrap();
-        let plan = RetentionPlan {
-            now: crate::store::now_ms(),
-            message_log_before: 0,
-            inbound_before: 0,
-            provider_events_applied_before: 0,
-            provider_events_failed_before: 0,
-            review_before: 0,
-            contacts_before: 0,
-            webhooks_before: 0,
-            pbx_events_before: 0,
-            pbx_signatures_before_seconds: 0,
-            policy_inputs_before: 0,
-        };
+        let plan = lapsed_plan();
         let rate_limits = |report: &[Pruned]| report.iter().find(|p| p.table == "rate_limits").map(|p| p.rows);
         let backlog = store.retention_backlog(&plan).await.unwrap();
         assert_eq!(rate_limits(&backlog), Some(300));
@@ -475,6 +474,64 @@ mod tests {
         assert_eq!(run, backlog);
         assert!(store.retention_backlog(&plan).await.unwrap().iter().all(|p| p.rows == 0));
         store.close().await;
+    }
+
+    /// A run told to stop while it pauses between two batches ends then, not when the
+    /// pause is over: with pauses of an hour, the run ends with its first batch deleted.
+    #[tokio::test]
+    async fn a_run_stopped_in_its_pause_ends_then() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Store::open(&format!("sqlite://{}?mode=rwc", dir.path().join("r.db").display()), 2, None).await.unwrap();
+        let lapsed = |n: i64| Statement {
+            sql: "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($1, 0, 1)",
+            params: vec![SqlValue::Text(format!("lapsed-{n}"))],
+        };
+        store.write(Exec((0..300).map(lapsed).collect())).await.unwrap();
+        let plan = lapsed_plan();
+        let rate_limits = |report: &[Pruned]| report.iter().find(|p| p.table == "rate_limits").map(|p| p.rows);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let hour = |_: i64, _: Duration, _: i64, _: Duration| Duration::from_secs(3_600);
+        let run = tokio::spawn({
+            let (store, plan) = (store.clone(), plan.clone());
+            async move { store.run_retention_paced(&plan, async move { stopped.await.unwrap_or(()) }, hour).await }
+        });
+        // The first batch is gone: the run is in its pause.
+        let first = loop {
+            let left = rate_limits(&store.retention_backlog(&plan).await.unwrap()).unwrap();
+            if left < 300 {
+                break 300 - left;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(first, SQLITE.rows.0 as u64);
+        stop.send(()).unwrap();
+        let report = tokio::time::timeout(Duration::from_secs(60), run)
+            .await
+            .expect("the run ended at its stop, not after its hour's pause")
+            .unwrap()
+            .unwrap();
+        assert_eq!(rate_limits(&report), Some(first));
+        assert_eq!(rate_limits(&store.retention_backlog(&plan).await.unwrap()), Some(300 - first));
+        store.close().await;
+    }
+
+    /// A plan under which only the rows that lapse by the clock (rate limits and the
+    /// like) are past their time.
+    fn lapsed_plan() -> RetentionPlan {
+        RetentionPlan {
+            now: crate::store::now_ms(),
+            message_log_before: 0,
+            inbound_before: 0,
+            provider_events_applied_before: 0,
+            provider_events_failed_before: 0,
+            review_before: 0,
+            contacts_before: 0,
+            webhooks_before: 0,
+            pbx_events_before: 0,
+            pbx_signatures_before_seconds: 0,
+            policy_inputs_before: 0,
+        }
     }
 
     #[test]
