@@ -419,8 +419,8 @@ const ORPHAN_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Deletes rows past their retention (`store::retention`) every 10 minutes, the first
 /// time a minute after start. A run spreads its batches over minutes, so a stop ends it
-/// before its next batch (each batch is its own transaction; the rest goes at the next
-/// start), and what it deleted until then is logged.
+/// at once, in a pause or before its next batch (each batch is its own transaction; the
+/// rest goes at the next start), and what it deleted until then is logged.
 async fn retention(store: Store, config: Arc<Config>, log: Logger, mut stop: Shutdown) {
     let start = tokio::time::Instant::now() + Duration::from_secs(60);
     let mut tick = tokio::time::interval_at(start, Duration::from_secs(600));

@@ -6,17 +6,18 @@
 //! SQLite writer keep going between batches); running on several replicas at once is
 //! harmless (a row is deleted once).
 //!
-//! The pause is as long as the rows past their time allow ([`pause`]): a run first
+//! The pause is as long as the rows past their time allow ([`Pace::pause`]): a run first
 //! counts them ([`Store::retention_backlog`]) and, from [`SPREAD_FROM`] rows, spreads
-//! their batches over [`BUDGET`], with a pause of at most [`GENTLE`] times the batch
-//! (and [`LONGEST`]) and at least [`PAUSE`] times, however far behind it is. What a
-//! delete costs the sends beside it is its rate, not how long it holds the lock: every
-//! row deleted rewrites a page in each of its table's indexes, and the sends' commits
-//! share the disk with those writes. A day of a 1 M-row log (11,000 rows) at a fifth of
-//! the store's time went in 7 to 10 s, and the p99 of sends beside it was 1.6 to 2.1
-//! times that of sends alone; spread over 200 s it was 1.1 to 1.3 times (BENCHMARKS.md,
-//! issue 22, twenty-third session). A run can be stopped between two batches
-//! ([`Store::run_retention_until`]).
+//! their batches over [`BUDGET`], with a pause of at most the store's `gentle` times the
+//! batch (and its `longest`) and at least [`PAUSE`] times, however far behind it is.
+//! What a delete costs the sends beside it is its rate, not how long it holds the lock:
+//! every row deleted rewrites a page in each of its table's indexes (SQLite) or of its
+//! table's pages in the WAL (PostgreSQL), and the sends' commits share the disk with
+//! those writes. A day of a 1 M-row log (11,000 rows) at a fifth of the store's time
+//! went in 7 to 10 s on SQLite, and the p99 of sends beside it was 1.6 to 2.1 times that
+//! of sends alone; spread over 200 s it was 1.1 to 1.3 times (BENCHMARKS.md, issue 22,
+//! twenty-third session; PostgreSQL: [`Pace`]). A run can be stopped before a batch or
+//! in a pause ([`Store::run_retention_until`]).
 //!
 //! Each batch finds its rows by a range of an index on the step's time, so the last
 //! batch of a table, which finds fewer rows than it asks for, reads no more than the
@@ -38,58 +39,68 @@ use std::time::Duration;
 
 /// How retention paces its deletes on one store: each batch is sized from the time of
 /// the one before to take about `hold` (at most twice as many rows at a time, within
-/// `rows`), and retention then pauses ([`pause`]).
+/// `rows`), and retention then pauses ([`pause`]), at most `gentle` times as long as the
+/// batch took and at most `longest`.
 ///
 /// On SQLite a batch holds the one write lock that every send's write needs. Batches of
 /// 5,000 rows and then of 500 (rows of the message log take their seven indexes with
 /// them) stopped sends for 100 to 300 ms, then 40 to 280 ms, while a day of a 1 M-row log
 /// went (p99 at 1,000 req/s; BENCHMARKS.md); batches of about 2 ms took it to 1.5 times
-/// that of sends alone. On PostgreSQL a delete blocks no insert, but 5,000 rows at once
-/// took a backend's CPU and the disk in bursts beside sends on two cores.
+/// that of sends alone. On PostgreSQL a delete blocks no insert and touches no index,
+/// so a row goes about ten times as fast as on SQLite, but the first change of a page
+/// after a checkpoint writes the whole page to the WAL that every send's commit flushes:
+/// 5,000 rows of the message log were 9 ms and 1.5 MB of WAL. At the pause SQLite's rows
+/// need, a day of a 1 M-row store went in 3 s there, and the p99 of sends beside it was
+/// 1.25 times that of sends alone over all slices; in batches of at most 500 rows and
+/// with pauses ten times as long, the rows go at about SQLite's rate, and that ratio
+/// was 0.68 to 1.20 a round (BENCHMARKS.md, issue 22, twenty-fourth session).
 #[derive(Clone, Copy, Debug)]
 pub struct Pace {
     pub hold: Duration,
     /// (the first batch, the fewest, the most)
     pub rows: (i64, i64, i64),
+    /// The longest pause, in multiples of the time the batch took: retention takes this
+    /// share of the store's time (plus one) when its rows can go within [`BUDGET`] at
+    /// that pace.
+    pub gentle: u32,
+    /// The longest pause `gentle` gives: a batch that met a stall of the disk (and took
+    /// long) is not followed by a pause many times as long.
+    pub longest: Duration,
 }
 
-/// SQLite's pace.
-pub const SQLITE: Pace = Pace { hold: Duration::from_millis(2), rows: (50, 10, 500) };
-/// PostgreSQL's pace.
-pub const POSTGRES: Pace = Pace { hold: Duration::from_millis(20), rows: (500, 100, 5_000) };
+/// SQLite's pace: a hundredth of the store's time, a second at most.
+pub const SQLITE: Pace =
+    Pace { hold: Duration::from_millis(2), rows: (50, 10, 500), gentle: 99, longest: Duration::from_secs(1) };
+/// PostgreSQL's pace: a thousandth of the backend's time, two seconds at most.
+pub const POSTGRES: Pace =
+    Pace { hold: Duration::from_millis(2), rows: (50, 10, 500), gentle: 999, longest: Duration::from_secs(2) };
 /// The shortest pause after a batch, in multiples of the time the batch took: sends keep
 /// the store at least four fifths of the time, however far behind retention is.
 pub const PAUSE: u32 = 4;
-/// The longest: retention takes a hundredth of the store's time when its rows can go
-/// within [`BUDGET`] at that pace.
-pub const GENTLE: u32 = 99;
 /// How long a run may take at a pace gentler than [`PAUSE`]: half the job's interval,
 /// so that a run ends before the next one starts.
 pub const BUDGET: Duration = Duration::from_secs(300);
 /// A run of fewer rows goes at the shortest pause: it is over in a second or two on
 /// either store, too short to move a minute's p99 of sends.
 pub const SPREAD_FROM: i64 = 2_000;
-/// The longest pause [`GENTLE`] gives: a batch that met a stall of the disk (and took
-/// long) is not followed by a pause a hundred times as long.
-pub const LONGEST: Duration = Duration::from_secs(1);
 /// Rows counted a step at most, before a run ([`Store::retention_backlog`]). While a step
 /// with as many runs, the rows left are not known, and its pause is [`PAUSE`] times the
 /// batch (a million of the message log's rows take about a quarter of an hour at that
 /// pace on SQLite, far past [`BUDGET`]).
 const COUNTED: i64 = 1_000_000;
 
-/// The pause after a batch of `size` rows that took `took`, with `left` rows still to
-/// go and `budget` left of [`BUDGET`]: the longest, up to [`GENTLE`] times `took` and
-/// [`LONGEST`], at which batches like this one delete `left` within `budget`; [`PAUSE`]
-/// times `took` if none does. At least a millisecond.
-pub fn pause(size: i64, took: Duration, left: i64, budget: Duration) -> Duration {
-    let batches = (left as f64 / size.max(1) as f64).max(1.0);
-    let took_s = took.as_secs_f64().max(1e-6);
-    let times = (budget.as_secs_f64() / (batches * took_s) - 1.0).clamp(f64::from(PAUSE), f64::from(GENTLE));
-    took.mul_f64(times).min(LONGEST.max(took * PAUSE)).max(Duration::from_millis(1))
-}
-
 impl Pace {
+    /// The pause after a batch of `size` rows that took `took`, with `left` rows still
+    /// to go and `budget` left of [`BUDGET`]: the longest, up to `gentle` times `took`
+    /// and `longest`, at which batches like this one delete `left` within `budget`;
+    /// [`PAUSE`] times `took` if none does. At least a millisecond.
+    pub fn pause(self, size: i64, took: Duration, left: i64, budget: Duration) -> Duration {
+        let batches = (left as f64 / size.max(1) as f64).max(1.0);
+        let took_s = took.as_secs_f64().max(1e-6);
+        let times = (budget.as_secs_f64() / (batches * took_s) - 1.0).clamp(f64::from(PAUSE), f64::from(self.gentle));
+        took.mul_f64(times).min(self.longest.max(took * PAUSE)).max(Duration::from_millis(1))
+    }
+
     /// The size of the next batch, after one of `size` rows took `took`.
     fn next(self, size: i64, took: Duration) -> i64 {
         let scaled = size as f64 * self.hold.as_secs_f64() / took.as_secs_f64().max(1e-6);
@@ -254,15 +265,15 @@ impl Store {
         self.run_retention_until(plan, std::future::pending()).await
     }
 
-    /// Deletes every row past its time, unless `stop` resolves first: the run then ends
-    /// before its next batch (each batch is its own transaction) and what is left goes at
-    /// the next run. What each table it reached lost.
+    /// Deletes every row past its time, unless `stop` resolves first: the run then ends,
+    /// in a pause or before its next batch (each batch is its own transaction), and what
+    /// is left goes at the next run. What each table it reached lost.
     pub async fn run_retention_until(
         &self,
         plan: &RetentionPlan,
         stop: impl Future<Output = ()>,
     ) -> Result<Vec<Pruned>, StoreError> {
-        self.run_retention_paced(plan, stop, pause).await
+        self.run_retention_paced(plan, stop, Pace::pause).await
     }
 
     /// [`Store::run_retention_until`], with `pause` giving each batch's pause (a test
@@ -271,7 +282,7 @@ impl Store {
         &self,
         plan: &RetentionPlan,
         stop: impl Future<Output = ()>,
-        pause: fn(i64, Duration, i64, Duration) -> Duration,
+        pause: fn(Pace, i64, Duration, i64, Duration) -> Duration,
     ) -> Result<Vec<Pruned>, StoreError> {
         tokio::pin!(stop);
         let started = tokio::time::Instant::now();
@@ -322,7 +333,7 @@ impl Store {
                 let took = batch.elapsed();
                 // Rows past their time since the count (a send settled late) leave `this`
                 // below zero.
-                let pause = pause(size, took, this.max(0) + later, budget.saturating_sub(started.elapsed()));
+                let pause = pause(pace, size, took, this.max(0) + later, budget.saturating_sub(started.elapsed()));
                 tokio::select! {
                     biased;
                     _ = &mut stop => break 'steps,
@@ -491,7 +502,7 @@ mod tests {
         let plan = lapsed_plan();
         let rate_limits = |report: &[Pruned]| report.iter().find(|p| p.table == "rate_limits").map(|p| p.rows);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let hour = |_: i64, _: Duration, _: i64, _: Duration| Duration::from_secs(3_600);
+        let hour = |_: Pace, _: i64, _: Duration, _: i64, _: Duration| Duration::from_secs(3_600);
         let run = tokio::spawn({
             let (store, plan) = (store.clone(), plan.clone());
             async move { store.run_retention_paced(&plan, async move { stopped.await.unwrap_or(()) }, hour).await }
@@ -542,26 +553,37 @@ mod tests {
         let is = |got: Duration, want: Duration| {
             assert!(got.abs_diff(want) < Duration::from_micros(1), "{got:?}, not {want:?}")
         };
+        let pause = |size, took, left, budget| SQLITE.pause(size, took, left, budget);
         // 10,000 rows left in batches of 10 taking 2 ms: 2 s of deletes, and 100 s left,
         // so a pause of 98 ms a batch (each batch with its pause a tenth of a second).
         is(pause(10, ms(2), 10_000, s(100)), ms(98));
-        // A handful left and all the time in the world: at most GENTLE times the batch.
-        is(pause(10, ms(2), 30, BUDGET), ms(2) * GENTLE);
-        is(pause(10, ms(2), 0, BUDGET), ms(2) * GENTLE);
+        // A handful left and all the time in the world: at most `gentle` times the batch.
+        is(pause(10, ms(2), 30, BUDGET), ms(2) * SQLITE.gentle);
+        is(pause(10, ms(2), 0, BUDGET), ms(2) * SQLITE.gentle);
         // Behind: the budget cannot hold them at any pace, or it is spent. At least PAUSE.
         is(pause(10, ms(2), 1_000_000, s(100)), ms(2) * PAUSE);
         is(pause(10, ms(2), 100, Duration::ZERO), ms(2) * PAUSE);
         // Never under a millisecond, whatever the clock said.
         is(pause(10, Duration::ZERO, 1_000_000, Duration::ZERO), ms(1));
         // A batch that met a stall: a second at most, unless PAUSE times it is longer.
-        is(pause(10, ms(100), 30, BUDGET), LONGEST);
+        is(pause(10, ms(100), 30, BUDGET), SQLITE.longest);
         is(pause(10, ms(400), 1_000_000, s(100)), ms(1600));
+        // PostgreSQL: up to a thousand times the batch, two seconds at most; behind, the
+        // same PAUSE times it as SQLite.
+        is(POSTGRES.pause(500, ms(1), 30, BUDGET), ms(999));
+        is(POSTGRES.pause(500, ms(5), 30, BUDGET), POSTGRES.longest);
+        // 30,000 rows in batches of 500 taking 2 ms over 300 s: 5 s a batch, held to 999
+        // times the batch.
+        is(POSTGRES.pause(500, ms(2), 30_000, BUDGET), ms(1998));
+        // 300,000 rows: 600 batches, 0.5 s each, and so 498 ms of pause.
+        is(POSTGRES.pause(500, ms(2), 300_000, BUDGET), ms(498));
+        is(POSTGRES.pause(500, ms(2), 100_000_000, BUDGET), ms(2) * PAUSE);
     }
 
     #[test]
     fn a_batch_is_sized_to_take_about_its_pace() {
         let ms = Duration::from_millis;
-        // SQLite, about 2 ms. Twice as long as it should: half as many next time.
+        // About 2 ms (both stores). Twice as long as it should: half as many next time.
         assert_eq!(SQLITE.next(100, ms(4)), 50);
         // Quick: more, but never more than twice as many at once.
         assert_eq!(SQLITE.next(100, Duration::from_micros(1500)), 133);
@@ -569,10 +591,5 @@ mod tests {
         // Within the bounds, whatever the clock said.
         assert_eq!(SQLITE.next(10, ms(400)), 10);
         assert_eq!(SQLITE.next(400, Duration::ZERO), 500);
-        // PostgreSQL, about 20 ms, 100 to 5,000 rows.
-        assert_eq!(POSTGRES.next(5_000, ms(200)), 500);
-        assert_eq!(POSTGRES.next(500, ms(1)), 1_000);
-        assert_eq!(POSTGRES.next(4_000, ms(10)), 5_000);
-        assert_eq!(POSTGRES.next(100, ms(1_000)), 100);
     }
 }
