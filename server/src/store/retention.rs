@@ -11,9 +11,9 @@
 //! their batches over [`BUDGET`], with a pause of at most the store's `gentle` times the
 //! batch (and its `longest`) and at least [`PAUSE`] times, however far behind it is.
 //! What a delete costs the sends beside it is its rate, not how long it holds the lock:
-//! every row deleted rewrites a page in each of its table's indexes (SQLite) or of its
-//! table's pages in the WAL (PostgreSQL), and the sends' commits share the disk with
-//! those writes. A day of a 1 M-row log (11,000 rows) at a fifth of the store's time
+//! on SQLite every row deleted rewrites a page in each of its table's indexes, on
+//! PostgreSQL the first change to a page after a checkpoint writes the whole page to
+//! the WAL, and the sends' commits share the disk (and the WAL) with those writes. A day of a 1 M-row log (11,000 rows) at a fifth of the store's time
 //! went in 7 to 10 s on SQLite, and the p99 of sends beside it was 1.6 to 2.1 times that
 //! of sends alone; spread over 200 s it was 1.1 to 1.3 times (BENCHMARKS.md, issue 22,
 //! twenty-third session; PostgreSQL: [`Pace`]). A run can be stopped before a batch or
@@ -39,7 +39,7 @@ use std::time::Duration;
 
 /// How retention paces its deletes on one store: each batch is sized from the time of
 /// the one before to take about `hold` (at most twice as many rows at a time, within
-/// `rows`), and retention then pauses ([`pause`]), at most `gentle` times as long as the
+/// `rows`), and retention then pauses ([`Pace::pause`]), at most `gentle` times as long as the
 /// batch took and at most `longest`.
 ///
 /// On SQLite a batch holds the one write lock that every send's write needs. Batches of
@@ -47,13 +47,14 @@ use std::time::Duration;
 /// them) stopped sends for 100 to 300 ms, then 40 to 280 ms, while a day of a 1 M-row log
 /// went (p99 at 1,000 req/s; BENCHMARKS.md); batches of about 2 ms took it to 1.5 times
 /// that of sends alone. On PostgreSQL a delete blocks no insert and touches no index,
-/// so a row goes about ten times as fast as on SQLite, but the first change of a page
-/// after a checkpoint writes the whole page to the WAL that every send's commit flushes:
-/// 5,000 rows of the message log were 9 ms and 1.5 MB of WAL. At the pause SQLite's rows
-/// need, a day of a 1 M-row store went in 3 s there, and the p99 of sends beside it was
-/// 1.25 times that of sends alone over all slices; in batches of at most 500 rows and
-/// with pauses ten times as long, the rows go at about SQLite's rate, and that ratio
-/// was 0.68 to 1.20 a round (BENCHMARKS.md, issue 22, twenty-fourth session).
+/// so a row goes tens of times as fast as on SQLite (5,000 rows of the message log in
+/// 9 ms), but the first change of a page after a checkpoint writes the whole page to the
+/// WAL that every send's commit flushes (those 5,000 rows: 1.5 MB). At SQLite's pauses,
+/// a day of a 1 M-row store went in 3 s there, and the median 3-second slice of sends
+/// beside it had a p99 0.76 to 9.7 times that of the slices alone (1.43 at the median
+/// round); in batches of at most 500 rows and with pauses ten times as long, the rows
+/// go at about SQLite's rate, and that ratio was 0.68 to 1.20 (1.06 at the median
+/// round; BENCHMARKS.md, issue 22, twenty-fourth session).
 #[derive(Clone, Copy, Debug)]
 pub struct Pace {
     pub hold: Duration,
@@ -507,14 +508,18 @@ mod tests {
             let (store, plan) = (store.clone(), plan.clone());
             async move { store.run_retention_paced(&plan, async move { stopped.await.unwrap_or(()) }, hour).await }
         });
-        // The first batch is gone: the run is in its pause.
-        let first = loop {
-            let left = rate_limits(&store.retention_backlog(&plan).await.unwrap()).unwrap();
-            if left < 300 {
-                break 300 - left;
+        // The first batch is gone: the run is in its pause (or it failed, and says how).
+        let first = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let left = rate_limits(&store.retention_backlog(&plan).await.unwrap()).unwrap();
+                if left < 300 || run.is_finished() {
+                    break 300 - left;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
+        })
+        .await
+        .expect("the run's first batch within a minute");
         assert_eq!(first, SQLITE.rows.0 as u64);
         stop.send(()).unwrap();
         let report = tokio::time::timeout(Duration::from_secs(60), run)
