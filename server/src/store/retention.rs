@@ -465,15 +465,8 @@ mod tests {
     #[tokio::test]
     async fn a_stopped_run_ends_before_its_next_batch() {
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            Store::open(&format!("sqlite://{}?mode=rwc", dir.path().join("r.db").display()), 2, None).await.unwrap();
-        let lapsed = |n: i64| Statement {
-            sql: "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($1, 0, 1)",
-            params: vec![SqlValue::Text(format!("lapsed-{n}"))],
-        };
-        store.write(Exec((0..300).map(lapsed).collect())).await.unwrap();
+        let store = lapsed_store(&dir).await;
         let plan = lapsed_plan();
-        let rate_limits = |report: &[Pruned]| report.iter().find(|p| p.table == "rate_limits").map(|p| p.rows);
         let backlog = store.retention_backlog(&plan).await.unwrap();
         assert_eq!(rate_limits(&backlog), Some(300));
 
@@ -493,15 +486,8 @@ mod tests {
     #[tokio::test]
     async fn a_run_stopped_in_its_pause_ends_then() {
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            Store::open(&format!("sqlite://{}?mode=rwc", dir.path().join("r.db").display()), 2, None).await.unwrap();
-        let lapsed = |n: i64| Statement {
-            sql: "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($1, 0, 1)",
-            params: vec![SqlValue::Text(format!("lapsed-{n}"))],
-        };
-        store.write(Exec((0..300).map(lapsed).collect())).await.unwrap();
+        let store = lapsed_store(&dir).await;
         let plan = lapsed_plan();
-        let rate_limits = |report: &[Pruned]| report.iter().find(|p| p.table == "rate_limits").map(|p| p.rows);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let hour = |_: Pace, _: i64, _: Duration, _: i64, _: Duration| Duration::from_secs(3_600);
         let run = tokio::spawn({
@@ -530,6 +516,23 @@ mod tests {
         assert_eq!(rate_limits(&report), Some(first));
         assert_eq!(rate_limits(&store.retention_backlog(&plan).await.unwrap()), Some(300 - first));
         store.close().await;
+    }
+
+    /// A SQLite store in `dir` with 300 lapsed rate limits.
+    async fn lapsed_store(dir: &tempfile::TempDir) -> Store {
+        let store =
+            Store::open(&format!("sqlite://{}?mode=rwc", dir.path().join("r.db").display()), 2, None).await.unwrap();
+        let lapsed = |n: i64| Statement {
+            sql: "INSERT INTO rate_limits (key, tat, expires_at) VALUES ($1, 0, 1)",
+            params: vec![SqlValue::Text(format!("lapsed-{n}"))],
+        };
+        store.write(Exec((0..300).map(lapsed).collect())).await.unwrap();
+        store
+    }
+
+    /// The rate limits' line of a report.
+    fn rate_limits(report: &[Pruned]) -> Option<u64> {
+        report.iter().find(|p| p.table == "rate_limits").map(|p| p.rows)
     }
 
     /// A plan under which only the rows that lapse by the clock (rate limits and the
