@@ -13,11 +13,12 @@
 //! What a delete costs the sends beside it is its rate, not how long it holds the lock:
 //! on SQLite every row deleted rewrites a page in each of its table's indexes, on
 //! PostgreSQL the first change to a page after a checkpoint writes the whole page to
-//! the WAL, and the sends' commits share the disk (and the WAL) with those writes. A day of a 1 M-row log (11,000 rows) at a fifth of the store's time
-//! went in 7 to 10 s on SQLite, and the p99 of sends beside it was 1.6 to 2.1 times that
-//! of sends alone; spread over 200 s it was 1.1 to 1.3 times (BENCHMARKS.md, issue 22,
-//! twenty-third session; PostgreSQL: [`Pace`]). A run can be stopped before a batch or
-//! in a pause ([`Store::run_retention_until`]).
+//! the WAL, and the sends' commits share the disk (and the WAL) with those writes. A
+//! day of a 1 M-row log (11,000 rows) at a fifth of the store's time went in 7 to 10 s
+//! on SQLite, and the p99 of sends beside it was 1.6 to 2.1 times that of sends alone;
+//! spread over 200 s it was 1.1 to 1.3 times (BENCHMARKS.md, issue 22, twenty-third
+//! session; PostgreSQL: [`Pace`]). A run can be stopped before a batch or in a pause
+//! ([`Store::run_retention_until`]).
 //!
 //! Each batch finds its rows by a range of an index on the step's time, so the last
 //! batch of a table, which finds fewer rows than it asks for, reads no more than the
@@ -39,8 +40,8 @@ use std::time::Duration;
 
 /// How retention paces its deletes on one store: each batch is sized from the time of
 /// the one before to take about `hold` (at most twice as many rows at a time, within
-/// `rows`), and retention then pauses ([`Pace::pause`]), at most `gentle` times as long as the
-/// batch took and at most `longest`.
+/// `rows`), and retention then pauses ([`Pace::pause`]), at most `gentle` times as long
+/// as the batch took and at most `longest`.
 ///
 /// On SQLite a batch holds the one write lock that every send's write needs. Batches of
 /// 5,000 rows and then of 500 (rows of the message log take their seven indexes with
@@ -599,5 +600,10 @@ mod tests {
         // Within the bounds, whatever the clock said.
         assert_eq!(SQLITE.next(10, ms(400)), 10);
         assert_eq!(SQLITE.next(400, Duration::ZERO), 500);
+        // PostgreSQL, about 2 ms too (it was 20 ms, 100 to 5,000 rows), 10 to 500 rows.
+        assert_eq!(POSTGRES.next(500, ms(20)), 50);
+        assert_eq!(POSTGRES.next(500, ms(1)), 500);
+        assert_eq!(POSTGRES.next(200, ms(1)), 400);
+        assert_eq!(POSTGRES.next(100, ms(1_000)), 10);
     }
 }
