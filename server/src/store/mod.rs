@@ -36,6 +36,7 @@ mod policy_inputs;
 mod privacy;
 pub mod retention;
 mod rows;
+mod send_context;
 #[cfg(test)]
 mod test_postgres;
 mod webhooks;
@@ -56,7 +57,7 @@ pub(crate) use rows::{Cols, Forget, FromCols};
 pub use attempts::{Began, Begin, Finish, ORPHAN_REASON};
 pub use cache::TTL as CACHE_TTL;
 pub use counters::{LimitHit, Reservation};
-pub use customers::{Customer, Instance, LimitOverrides, PacingScopes, PlanStatus, SendContext};
+pub use customers::{Customer, Instance, LimitOverrides, PlanStatus};
 pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};
 pub use dashboard_lists::{InboundRow, Suppression, Usage};
 pub use delivery::{Delivery, DeliveryState};
@@ -71,6 +72,7 @@ pub use pbx::{
 };
 pub use policies::{PolicyGateway, ReviewEntry};
 pub use policy_inputs::{KeptInput, PolicyInputQuery};
+pub use send_context::{PacingScopes, SendContext};
 pub use webhooks::{ClaimedEvent, EndpointChange, EventState, WebhookAttempt, WebhookEndpoint};
 
 use rusqlite::types::Value as SqlValue;
