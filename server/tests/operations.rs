@@ -76,6 +76,15 @@ async fn prometheus_scrapes_the_metrics_listener_and_reads_the_send_counter_back
     assert!(batches >= 4, "{batches} batches");
     assert!(batches >= sample(&text, "gateway_store_write_batches_total"), "{text}");
     assert_eq!(sample(&text, "gateway_store_write_batch_seconds_bucket{le=\"+Inf\"}"), batches);
+    // PostgreSQL's send path reads through statements that take the reads of concurrent
+    // sends together: the first send resolved the instance by its name, alone; the
+    // second read by the id the cache kept, through them. SQLite reads locally.
+    let statements = sample(&text, "gateway_store_send_read_batches_total");
+    let reads = sample(&text, "gateway_store_send_reads_total");
+    match db.url.starts_with("postgres") {
+        true => assert!(statements >= 1 && reads >= statements, "{statements} statements, {reads} reads"),
+        false => assert_eq!((statements, reads), (0, 0)),
+    }
     // The exposition passes Prometheus's own linter.
     let mut lint = tool("promtool")
         .args(["check", "metrics"])

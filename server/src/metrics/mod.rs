@@ -49,6 +49,8 @@ pub struct Metrics {
     writes: IntCounter,
     write_seconds: prometheus::Counter,
     write_sync: std::sync::Mutex<()>,
+    send_read_batches: IntCounter,
+    send_reads: IntCounter,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -137,6 +139,16 @@ impl Metrics {
             ),
             write_seconds,
             write_sync: std::sync::Mutex::new(()),
+            send_read_batches: plain_counter(
+                &registry,
+                "gateway_store_send_read_batches_total",
+                "Statements that ran the send path's reads on PostgreSQL (the reads of concurrent sends go in one).",
+            ),
+            send_reads: plain_counter(
+                &registry,
+                "gateway_store_send_reads_total",
+                "The send path's reads that those statements answered (PostgreSQL; 0 on SQLite).",
+            ),
             http_requests: counter(
                 &registry,
                 "gateway_http_requests_total",
@@ -316,6 +328,9 @@ impl Metrics {
             self.write_batches.inc_by(batches.saturating_sub(self.write_batches.get()));
             self.writes.inc_by(writes.saturating_sub(self.writes.get()));
             self.write_seconds.inc_by((busy_us as f64 / 1e6 - self.write_seconds.get()).max(0.0));
+            let (read_batches, reads) = crate::store::send_read_stats();
+            self.send_read_batches.inc_by(read_batches.saturating_sub(self.send_read_batches.get()));
+            self.send_reads.inc_by(reads.saturating_sub(self.send_reads.get()));
         }
         let mut out = Vec::new();
         TextEncoder::new()

@@ -72,7 +72,7 @@ pub use pbx::{
 };
 pub use policies::{PolicyGateway, ReviewEntry};
 pub use policy_inputs::{KeptInput, PolicyInputQuery};
-pub use send_context::{PacingScopes, SendContext};
+pub use send_context::{PacingScopes, SendContext, read_stats as send_read_stats};
 pub use webhooks::{ClaimedEvent, EndpointChange, EventState, WebhookAttempt, WebhookEndpoint};
 
 use rusqlite::types::Value as SqlValue;
@@ -170,6 +170,8 @@ pub struct Store {
     writer: Arc<[tokio::sync::mpsc::Sender<writer::Queued>]>,
     /// SQLite only: plain connections for the send path's reads (see `read_one`).
     sqlite_readers: Option<Arc<SqliteReaders>>,
+    /// PostgreSQL only: the send path's reads of concurrent sends, a batch a statement.
+    send_reads: Option<send_context::SendReads>,
     /// API keys, customers and instances the send path read (see `cache`).
     cache: Arc<cache::Cache>,
     /// The database URL (the PostgreSQL cache listener opens its own connection).
@@ -401,11 +403,13 @@ impl Store {
                 let idle = Mutex::new(Vec::new());
                 let sqlite_readers = Some(Arc::new(SqliteReaders { path, idle }));
                 let (cache, url) = (Arc::default(), url.into());
-                Ok(Store { read, write, backend, writer, sqlite_readers, cache, url, lease: Arc::default() })
+                let lease = Arc::default();
+                Ok(Store { read, write, backend, writer, sqlite_readers, send_reads: None, cache, url, lease })
             }
             Backend::Postgres => {
                 let pool = pool_options(options.timeout).max_connections(max).connect(url).await?;
                 let writer = writer::spawn_sqlx(pool.clone(), options.timeout, log).into();
+                let send_reads = send_context::SendReads::spawn(pool.clone());
                 let (cache, url) = (Arc::default(), url.into());
                 Ok(Store {
                     read: pool.clone(),
@@ -413,6 +417,7 @@ impl Store {
                     backend,
                     writer,
                     sqlite_readers: None,
+                    send_reads: Some(send_reads),
                     cache,
                     url,
                     lease: Arc::default(),
