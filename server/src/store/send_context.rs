@@ -4,7 +4,7 @@
 //! On PostgreSQL the reads of concurrent sends go together ([`SendReads`]): one
 //! statement reads a batch of them. A read alone is a round trip, and a plan of six
 //! subqueries set up for one row: PostgreSQL spent 150 to 310 µs of CPU on each, and
-//! about 40 to 75 µs a read in batches of 4 to 16 (BENCHMARKS.md, issue 22,
+//! about 35 to 75 µs a read in batches of 4 to 16 (BENCHMARKS.md, issue 22,
 //! twenty-fifth session). A batch is what queued while the one before it ran, so a
 //! lone send waits for nobody, and every read still runs after its send asked: what
 //! stops sending (a revoked key, a paused instance) holds from the moment it is written.
