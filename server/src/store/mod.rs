@@ -408,8 +408,8 @@ impl Store {
             }
             Backend::Postgres => {
                 let pool = pool_options(options.timeout).max_connections(max).connect(url).await?;
+                let send_reads = send_context::SendReads::spawn(pool.clone(), options.timeout, log.clone());
                 let writer = writer::spawn_sqlx(pool.clone(), options.timeout, log).into();
-                let send_reads = send_context::SendReads::spawn(pool.clone());
                 let (cache, url) = (Arc::default(), url.into());
                 Ok(Store {
                     read: pool.clone(),

@@ -2,9 +2,10 @@
 //! counters, the API key's revocation and the idempotency key's state, as stored now.
 //!
 //! On PostgreSQL the reads of concurrent sends go together ([`SendReads`]): one
-//! statement reads a batch of them. A read alone is a round trip, and a plan of six
+//! statement reads a batch of them (up to 64; a read that resolves an instance by its
+//! name runs alone). A read alone is a round trip, and a plan of six
 //! subqueries set up for one row: PostgreSQL spent 150 to 310 µs of CPU on each, and
-//! about 35 to 75 µs a read in batches of 4 to 16 (BENCHMARKS.md, issue 22,
+//! about 35 to 65 µs a read in batches of 4 to 16 (BENCHMARKS.md, issue 22,
 //! twenty-fifth session). A batch is what queued while the one before it ran, so a
 //! lone send waits for nobody, and every read still runs after its send asked: what
 //! stops sending (a revoked key, a paused instance) holds from the moment it is written.
@@ -17,6 +18,7 @@ use rusqlite::types::Value as SqlValue;
 use sqlx::AnyPool;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
 /// How a form of the read names its inputs: `$n` parameters for one send's read, the
@@ -319,11 +321,12 @@ struct Queued {
 }
 
 impl SendReads {
-    /// Starts the task that reads through `pool`. It ends when the store's last clone
-    /// is dropped.
-    pub(super) fn spawn(pool: AnyPool) -> SendReads {
+    /// Starts the task that reads through `pool`, each statement answered within
+    /// `timeout` (the database timeout) or failed as out of reach. It ends when the
+    /// store's last clone is dropped. `log` hears of a batch that failed otherwise.
+    pub(super) fn spawn(pool: AnyPool, timeout: Duration, log: Option<slog::Logger>) -> SendReads {
         let (queue, queued) = mpsc::channel(MAX_READ_BATCH * 16);
-        tokio::spawn(answer_batches(pool, queued));
+        tokio::spawn(answer_batches(Lane { pool, timeout, log }, queued));
         SendReads { queue }
     }
 
@@ -336,14 +339,34 @@ impl SendReads {
     }
 }
 
-async fn answer_batches(pool: AnyPool, mut queued: mpsc::Receiver<Queued>) {
+/// What the task reads with.
+struct Lane {
+    pool: AnyPool,
+    timeout: Duration,
+    log: Option<slog::Logger>,
+}
+
+/// How often at most a failed batch is logged: a fault of the batch's statement alone
+/// would otherwise log every batch (each of its reads then runs alone, and succeeds).
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The task: each time reads are queued, takes them all (up to `MAX_READ_BATCH`), reads
+/// them in one statement and answers each.
+async fn answer_batches(lane: Lane, mut queued: mpsc::Receiver<Queued>) {
     let mut batch = Vec::with_capacity(MAX_READ_BATCH);
+    let mut warned: Option<Instant> = None;
     while queued.recv_many(&mut batch, MAX_READ_BATCH).await > 0 {
         // A statement that met a connection the database dropped while it sat idle (a
-        // restart) is asked again, as any read is (`Store::read_one`).
-        let mut tries = pool.options().get_max_connections();
+        // restart) is asked again, as any read is (`Store::read_one`). One that does
+        // not answer in time fails as the writer's batches do: every send queued
+        // behind it waits on it.
+        let mut tries = lane.pool.options().get_max_connections();
         let read = loop {
-            match read_batch(&pool, &batch).await {
+            let read = match tokio::time::timeout(lane.timeout, read_batch(&lane.pool, &batch)).await {
+                Ok(read) => read,
+                Err(_) => Err(StoreError::Unavailable(format!("no answer within {} ms", lane.timeout.as_millis()))),
+            };
+            match read {
                 Err(StoreError::Database(e)) if tries > 0 && dropped_connection(&e) => tries -= 1,
                 read => break read,
             }
@@ -356,13 +379,23 @@ async fn answer_batches(pool: AnyPool, mut queued: mpsc::Receiver<Queued>) {
             }
             // Out of reach: each caller is answered so at once (503), rather than
             // waiting once more for a connection of its own.
+            Err(StoreError::Unavailable(why)) => Some(Err(why)),
             Err(e) if e.is_unavailable() => Some(Err(e.to_string())),
-            Err(_) => None,
+            Err(e) => {
+                if let Some(log) = &lane.log
+                    && warned.is_none_or(|at| at.elapsed() >= WARN_EVERY)
+                {
+                    slog::warn!(log, "a batch of the send path's reads failed; each of its reads runs alone";
+                        "reads" => batch.len(), "error" => %e);
+                    warned = Some(Instant::now());
+                }
+                None
+            }
         };
         for (n, read) in batch.drain(..).enumerate() {
             let answer = match &mut answers {
                 Some(Ok(contexts)) => Some(Ok(contexts[n].take())),
-                Some(Err(e)) => Some(Err(StoreError::Unavailable(e.clone()))),
+                Some(Err(why)) => Some(Err(StoreError::Unavailable(why.clone()))),
                 None => None,
             };
             let _ = read.reply.send(answer);

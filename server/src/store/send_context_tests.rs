@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::store::test_postgres::{drop_database, postgres_store};
-use crate::store::{Answer, Claim, IdemOwner};
+use crate::store::{Answer, Claim, IdemOwner, StoreOptions};
 
 /// 2026-11-30 06:30 UTC: the hour of `since` (20 hours before) is in the previous day.
 const NOW: i64 = 1_796_020_200_000;
@@ -101,6 +101,11 @@ async fn a_batch_of_reads_answers_each_as_its_read_alone() {
         args(&other, &theirs, "+15550000001", None, Some("order-1")),
         args("cus_gone", &main, "+15550000001", Some(&live), None),
         args(&customer, "ins_gone", "+15550000001", Some(&live), None),
+        // Each with its own time: 18 hours on (the next day: only the counter of the
+        // hour 20 hours before that is within its 24 hours, and its key still lives),
+        // and 25 hours on (the key has lapsed).
+        ReadArgs { now: NOW + 18 * HOUR, ..args(&customer, &main, "+15550000001", Some(&live), Some("order-2")) },
+        ReadArgs { now: NOW + 25 * HOUR, ..args(&customer, &main, "+15550000001", Some(&live), Some("order-2")) },
     ];
     let mut alone = Vec::new();
     for read in &reads {
@@ -119,6 +124,9 @@ async fn a_batch_of_reads_answers_each_as_its_read_alone() {
     assert!(found(5).contains("key: KeySnapshot(None)") && found(7).contains("key: KeySnapshot(None)"));
     assert!(found(6).contains("instance: None") && found(9).contains("instance: None"));
     assert_eq!(found(8), "None");
+    assert!(found(10).contains("to_recipient_24h: 3") && found(10).contains("to_recipient_hour: 0"));
+    assert!(found(10).contains("sent_today: 0") && found(10).contains("response_status: Some(200)"));
+    assert!(found(11).contains("to_recipient_24h: 0") && found(11).contains("key: KeySnapshot(None)"));
 
     // One statement over the batch.
     let queued: Vec<Queued> = reads.iter().map(|a| Queued { args: a.clone(), reply: oneshot::channel().0 }).collect();
@@ -135,6 +143,37 @@ async fn a_batch_of_reads_answers_each_as_its_read_alone() {
     let (statements, answered) = (batches_after - batches, reads_after - read_count);
     assert!(answered - statements >= reads.len() as u64 - 1, "{answered} reads in {statements} statements");
 
+    drop_database(store, &admin, &db).await;
+}
+
+#[tokio::test]
+async fn a_batch_that_does_not_answer_in_time_answers_each_read_unavailable() {
+    let Some((store, admin, db)) = postgres_store("send_reads_stall").await else { return };
+    let customer = store.create_customer("stall", None, true).await.unwrap().id;
+    let main = store.create_instance(&customer, "main", "simulator", true, None).await.unwrap().id;
+    let timeout = Duration::from_millis(500);
+    let quick =
+        Store::open_with(&store.url, 4, None, StoreOptions { timeout, ..StoreOptions::default() }).await.unwrap();
+    let reads: Vec<ReadArgs> = (0..3).map(|i| args(&customer, &main, &format!("+1555000000{i}"), None, None)).collect();
+
+    // Another transaction holds the customers' table: the batch's statement waits on it.
+    let mut holder = store.write.begin().await.unwrap();
+    sqlx::query("LOCK TABLE customers IN ACCESS EXCLUSIVE MODE").execute(&mut *holder).await.unwrap();
+    let stalled = futures::future::join_all(reads.iter().map(|read| quick.read_fresh(read)));
+    let answers =
+        tokio::time::timeout(Duration::from_secs(30), stalled).await.expect("each read answered, never a hang");
+    for answer in answers {
+        assert!(
+            matches!(answer, Err(StoreError::Unavailable(ref why)) if why == "no answer within 500 ms"),
+            "{answer:?}"
+        );
+    }
+    holder.rollback().await.unwrap();
+
+    // The next batch reads again.
+    let answers = futures::future::join_all(reads.iter().map(|read| quick.read_fresh(read))).await;
+    assert!(answers.iter().all(|a| matches!(a, Ok(Some(c)) if c.instance.is_some())), "{answers:?}");
+    quick.close().await;
     drop_database(store, &admin, &db).await;
 }
 
