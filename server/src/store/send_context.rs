@@ -12,6 +12,7 @@
 
 use super::customers::{CUSTOMER_COLUMNS, INSTANCE_COLUMNS};
 use super::idempotency::KeySnapshot;
+use super::writer::timed;
 use super::{Cols, Customer, FromCols, Instance, Store, StoreError, bind_all, dropped_connection};
 use gateway_policy_model::Counters;
 use rusqlite::types::Value as SqlValue;
@@ -362,11 +363,7 @@ async fn answer_batches(lane: Lane, mut queued: mpsc::Receiver<Queued>) {
         // behind it waits on it.
         let mut tries = lane.pool.options().get_max_connections();
         let read = loop {
-            let read = match tokio::time::timeout(lane.timeout, read_batch(&lane.pool, &batch)).await {
-                Ok(read) => read,
-                Err(_) => Err(StoreError::Unavailable(format!("no answer within {} ms", lane.timeout.as_millis()))),
-            };
-            match read {
+            match timed(lane.timeout, read_batch(&lane.pool, &batch)).await {
                 Err(StoreError::Database(e)) if tries > 0 && dropped_connection(&e) => tries -= 1,
                 read => break read,
             }

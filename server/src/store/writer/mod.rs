@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 mod postgres;
 mod sqlite;
 
-pub(super) use postgres::spawn_sqlx;
+pub(super) use postgres::{spawn_sqlx, timed};
 pub(super) use sqlite::{spawn_sqlite, sqlite_exec, sqlite_on_rollback, sqlite_path, sqlite_transaction};
 #[cfg(test)]
 pub(super) use sqlite::{sqlite_batch, sqlite_writer_connection};

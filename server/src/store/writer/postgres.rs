@@ -234,10 +234,13 @@ async fn run_batch(
     }
 }
 
-async fn timed(
+/// `batch`'s outcome, or out of reach (`StoreError::Unavailable`) when it has not
+/// answered within `timeout`: a statement never hangs on a database that went silent
+/// (the writer's batches, the send path's batched reads).
+pub(in crate::store) async fn timed<T>(
     timeout: Duration,
-    batch: impl std::future::Future<Output = Result<(), StoreError>>,
-) -> Result<(), StoreError> {
+    batch: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
     match tokio::time::timeout(timeout, batch).await {
         Ok(outcome) => outcome,
         Err(_) => Err(StoreError::Unavailable(format!("no answer within {} ms", timeout.as_millis()))),
