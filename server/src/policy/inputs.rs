@@ -2,14 +2,14 @@
 //! (`[policies] input_retention_days`; `store::policy_inputs`).
 //!
 //! The send pipeline hands over the context its modules were first asked with once the
-//! send's row is written; a background job (`policy inputs`) gathers them for a tenth
-//! of a second (`GATHER`) and writes each batch in one store write. The send never
+//! send's row is written; a background job (`policy inputs`) writes them in batches, on
+//! PostgreSQL each gathered for a tenth of a second (`GATHER`). The send never
 //! waits: when the queue is full, or the store refuses a batch, those inputs are not
 //! kept and `gateway_policy_inputs_dropped_total` counts them. A crash loses at most what
 //! the job was gathering and the batch in flight (a fraction of a second). The context holds the
 //! message's text: it is never logged.
 
-use crate::store::Store;
+use crate::store::{Backend, Store};
 use crate::tasks::{Shutdown, Tasks};
 use gateway_policy_model::Context;
 use slog::{Logger, warn};
@@ -21,11 +21,14 @@ use tokio::sync::mpsc;
 const QUEUE: usize = 8_192;
 /// Inputs written in one store write at most.
 const BATCH: usize = 512;
-/// How long the writer gathers inputs after the first one before it writes them. Writing
-/// whatever had queued during the write before made a batch of about six inputs at
-/// 1,700 sends a second, each its own statement and commit (BENCHMARKS.md, "Policy inputs
-/// gathered"); the inputs of a tenth of a second go in one. A crash loses at most these
-/// and the batch in flight.
+/// How long the writer gathers inputs after the first one before it writes them, on
+/// PostgreSQL. Writing whatever had queued during the write before made batches of about
+/// six inputs at 1,200 sends a second, each its own statement and commit beside the
+/// writer's lanes (BENCHMARKS.md, "Policy inputs gathered"); the inputs of a tenth of a
+/// second go in one. A crash loses at most these and the batch in flight. SQLite writes
+/// each input as a statement of its own in the writer's transactions whatever the batch,
+/// so there the job gathers nothing: a tenth of a second's inputs in one write only held
+/// the sends queued behind it (BENCHMARKS.md).
 const GATHER: Duration = Duration::from_millis(100);
 
 /// Where the send pipeline hands its inputs.
@@ -39,8 +42,12 @@ impl Inputs {
     /// what is queued and stops.
     pub fn start(store: Store, tasks: &mut Tasks, log: Logger) -> Inputs {
         let (queue, inbox) = mpsc::channel::<(i64, Context)>(QUEUE);
+        let pause = match store.backend() {
+            Backend::Postgres => GATHER,
+            Backend::Sqlite => Duration::ZERO,
+        };
         tasks.spawn("policy inputs", move |stop| {
-            run(inbox, stop, GATHER, move |batch| {
+            run(inbox, stop, pause, move |batch| {
                 let (store, log) = (store.clone(), log.clone());
                 async move { write(&store, batch, &log).await }
             })
@@ -56,8 +63,8 @@ impl Inputs {
     }
 }
 
-/// The job: takes the first input queued, gathers what else comes within `pause` (at most
-/// `BATCH` in all), and hands the batch to `write`. At the stop it writes what it gathered
+/// The job: takes what is queued, gathers what else comes within `pause` (nothing when it
+/// is zero; at most `BATCH` in all), and hands the batch to `write`. At the stop it writes what it gathered
 /// and everything still queued, then ends; it also ends when every sender is gone.
 async fn run<W, F>(mut inbox: mpsc::Receiver<(i64, Context)>, mut stop: Shutdown, pause: Duration, mut write: W)
 where
@@ -80,7 +87,7 @@ where
             return;
         }
         let until = tokio::time::Instant::now() + pause;
-        while batch.len() < BATCH {
+        while batch.len() < BATCH && !pause.is_zero() {
             let room = BATCH - batch.len();
             tokio::select! {
                 n = inbox.recv_many(&mut batch, room) => if n == 0 { break },
@@ -164,6 +171,19 @@ mod tests {
         queue.send((4, Context::default())).await.unwrap();
         batches(&written, 2).await;
         assert_eq!(*written.lock().unwrap(), [vec![1, 2, 3], vec![4]]);
+        assert!(tasks.close(Duration::from_secs(5)).await.is_empty());
+    }
+
+    /// With no pause, each write takes what had queued: inputs apart go in writes apart.
+    #[tokio::test]
+    async fn with_no_pause_each_write_takes_what_is_queued() {
+        let mut tasks = tasks();
+        let (queue, written) = job(&mut tasks, Duration::ZERO);
+        for id in 1..=3 {
+            queue.send((id, Context::default())).await.unwrap();
+            batches(&written, id as usize).await;
+        }
+        assert_eq!(*written.lock().unwrap(), [vec![1], vec![2], vec![3]]);
         assert!(tasks.close(Duration::from_secs(5)).await.is_empty());
     }
 
