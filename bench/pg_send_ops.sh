@@ -16,7 +16,7 @@ LOG=${PG_LOG:-/var/log/postgresql/postgresql-15-main.log}
 SIZES=${SIZES:-1 4 8 16}
 T=${T:-8}
 db=$(pg_fresh)
-trap 'kill $(jobs -p) 2>/dev/null || true; pg_drop; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; pg_drop; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 demo_tenant "$BIN/gateway" "$db"
 psql "$db" -qc "ALTER DATABASE gw_bench SET log_min_duration_statement = 0"
 from=$(($(wc -l <"$LOG") + 1))
@@ -27,8 +27,10 @@ for _ in 1 2 3; do # the last begin is that of a known contact, as under load
     http://127.0.0.1:18094/api/send-message
 done
 sleep 0.5
-kill %1; wait %1 2>/dev/null || true
+kill %1 2>/dev/null || true; wait %1 2>/dev/null || true
 psql "$db" -qc "ALTER DATABASE gw_bench RESET log_min_duration_statement"
+# The batch's ops are the last parameter of the writer's statement when it calls one
+# function (a lone send's batches do).
 tail -n +"$from" "$LOG" | grep -A2 'SELECT gateway_send_ops' | grep -o "\$4 = '.*'$" >"$work/ops.log" || true
 python3 - "$work" "$SIZES" <<'PY'
 import json, sys
@@ -59,7 +61,11 @@ busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 for n in $SIZES; do
   [ "$statements" = 0 ] || psql "$db" -qAtc "SELECT pg_stat_statements_reset()" >/dev/null
   a=$(busy)
-  cycles=$(pgbench -n -c 1 -j 1 -T "$T" -f "$work/cycle$n.sql" "$db" 2>&1 | grep -o 'actually processed: [0-9]*' | grep -o '[0-9]*$')
+  if ! pgbench -n -c 1 -j 1 -T "$T" -f "$work/cycle$n.sql" "$db" >"$work/pgbench.out" 2>&1; then
+    cat "$work/pgbench.out" >&2
+    exit 1
+  fi
+  cycles=$(grep -o 'actually processed: [0-9]*' "$work/pgbench.out" | grep -o '[0-9]*$')
   b=$(busy)
   python3 -c "print(f'batches of $n: {$cycles / $T:7.0f} cycles a second, machine {($b - $a) * 1e6 / $(getconf CLK_TCK) / ($cycles * $n):6.1f} us a send')"
 done
