@@ -58,6 +58,14 @@ async fn retention_deletes_rows_past_their_time_and_nothing_else() {
     let failed = store.store_provider_event(&cx.tenant.instance_id, "bad", "{").await.unwrap();
     store.finish_provider_event(failed, Some("not JSON")).await.unwrap();
     let mut conn = connect(&cx).await;
+    // The sends' policy inputs are kept by a job of their own (on PostgreSQL a tenth of a
+    // second later, `policy::inputs`): waited for, so that none is written between the
+    // count and the delete below with the back-dated time of its send.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while count(&mut conn, "SELECT COUNT(*) FROM policy_inputs").await < 3 {
+        assert!(std::time::Instant::now() < deadline, "the three sends' policy inputs were not kept");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let old = now_ms() - 100 * DAY_MS;
     // Two sends and one inbound message are 100 days old; one of the old sends is
     // still pending (never deleted before it settles).
