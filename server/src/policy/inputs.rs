@@ -3,11 +3,11 @@
 //!
 //! The send pipeline hands over the context its modules were first asked with once the
 //! send's row is written; a background job (`policy inputs`) writes them in batches, on
-//! PostgreSQL each gathered for a tenth of a second (`GATHER`). The send never
-//! waits: when the queue is full, or the store refuses a batch, those inputs are not
-//! kept and `gateway_policy_inputs_dropped_total` counts them. A crash loses at most what
-//! the job was gathering and the batch in flight (a fraction of a second). The context holds the
-//! message's text: it is never logged.
+//! PostgreSQL each gathered for a tenth of a second (`GATHER`). The send never waits:
+//! when the queue is full, or the store refuses a batch, those inputs are not kept and
+//! `gateway_policy_inputs_dropped_total` counts them. A crash loses at most what the job
+//! was gathering and the batch in flight (a fraction of a second). The context holds
+//! the message's text: it is never logged.
 
 use crate::store::{Backend, Store};
 use crate::tasks::{Shutdown, Tasks};
@@ -64,8 +64,9 @@ impl Inputs {
 }
 
 /// The job: takes what is queued, gathers what else comes within `pause` (nothing when it
-/// is zero; at most `BATCH` in all), and hands the batch to `write`. At the stop it writes what it gathered
-/// and everything still queued, then ends; it also ends when every sender is gone.
+/// is zero; at most `BATCH` in all), and hands the batch to `write`. At the stop it
+/// writes what it gathered and everything still queued, then ends; it also ends when
+/// every sender is gone.
 async fn run<W, F>(mut inbox: mpsc::Receiver<(i64, Context)>, mut stop: Shutdown, pause: Duration, mut write: W)
 where
     W: FnMut(Vec<(i64, Context)>) -> F,
