@@ -322,7 +322,8 @@ impl Default for StoreOptions {
 }
 
 impl StoreOptions {
-    /// The pragmas every SQLite connection starts with.
+    /// The pragmas every SQLite connection starts with (the writer's then paces its
+    /// checkpoints itself: `writer::checkpoints`).
     pub(crate) fn sqlite_pragmas(self) -> String {
         let synchronous = match self.durability {
             Durability::Full => "FULL",
@@ -330,8 +331,9 @@ impl StoreOptions {
         };
         format!(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = {synchronous}; PRAGMA busy_timeout = {}; \
-             PRAGMA foreign_keys = ON;",
-            self.timeout.as_millis()
+             PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = {};",
+            self.timeout.as_millis(),
+            writer::checkpoints::BUSY_FRAMES
         )
     }
 }

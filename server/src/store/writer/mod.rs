@@ -31,7 +31,7 @@ mod postgres;
 mod sqlite;
 
 pub(super) use postgres::{spawn_sqlx, timed};
-pub(super) use sqlite::{spawn_sqlite, sqlite_exec, sqlite_on_rollback, sqlite_path, sqlite_transaction};
+pub(super) use sqlite::{checkpoints, spawn_sqlite, sqlite_exec, sqlite_on_rollback, sqlite_path, sqlite_transaction};
 #[cfg(test)]
 pub(super) use sqlite::{sqlite_batch, sqlite_writer_connection};
 
