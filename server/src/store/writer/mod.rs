@@ -27,11 +27,12 @@ use rusqlite::types::Value as SqlValue;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, oneshot};
 
+pub(super) mod checkpoints;
 mod postgres;
 mod sqlite;
 
 pub(super) use postgres::{spawn_sqlx, timed};
-pub(super) use sqlite::{checkpoints, spawn_sqlite, sqlite_exec, sqlite_on_rollback, sqlite_path, sqlite_transaction};
+pub(super) use sqlite::{spawn_sqlite, sqlite_exec, sqlite_on_rollback, sqlite_path, sqlite_transaction};
 #[cfg(test)]
 pub(super) use sqlite::{sqlite_batch, sqlite_writer_connection};
 

@@ -4,7 +4,7 @@
 //! (measured with perf, see BENCHMARKS.md) while SQLite itself was 2 %. One thread that
 //! does a whole batch costs one handoff per batch instead.
 
-use super::{MAX_BATCH, Queued, Statement, fill, log_batch};
+use super::{MAX_BATCH, Queued, Statement, checkpoints, fill, log_batch};
 use crate::store::{StoreError, StoreOptions, bind_dollar, is_sqlite_busy};
 use std::path::PathBuf;
 use tokio::sync::mpsc;
@@ -81,68 +81,6 @@ pub(in crate::store) fn spawn_sqlite(
         })
         .map_err(|e| StoreError::Conflict(format!("starting the SQLite writer: {e}")))?;
     Ok(tx)
-}
-
-/// When the writer lets SQLite checkpoint: a commit that leaves the WAL longer than
-/// `wal_autocheckpoint` frames copies them into the database file before the writer
-/// takes its next batch, and every write queued meanwhile waits. A quiet writer keeps
-/// SQLite's default (1,000 frames, about 4 MiB): short checkpoints, which the p99 at an
-/// offered 1,000 sends a second needs. A busy one lets the WAL grow to 10,000 frames
-/// (about 40 MiB, the size the `-wal` file keeps): the pages every commit dirties again
-/// (each index's last leaf, the counters) are then copied once a checkpoint instead of
-/// ten times: send-message on SQLite 1.06x at the median of ten pairs, PBX events 1.10
-/// to 1.18x (BENCHMARKS.md, issue 22, twenty-seventh session). Busy is a mean of at least [`BUSY_BATCH`] writes a batch
-/// over a tenth of a second: 1.5 at 1,000 sends a second, 8 to 11 at saturation.
-/// Every other connection of the gateway has the busy setting (`sqlite_pragmas`), so
-/// that none checkpoints in the middle of the writer's long WAL.
-pub(in crate::store) mod checkpoints {
-    use std::time::{Duration, Instant};
-
-    /// SQLite's default, kept while the writer is quiet.
-    pub const QUIET_FRAMES: i64 = 1_000;
-    /// While the writer is busy, and on every other connection.
-    pub const BUSY_FRAMES: i64 = 10_000;
-    /// The mean writes a batch from which the writer counts as busy.
-    pub const BUSY_BATCH: u64 = 4;
-    /// How often the writer looks again.
-    pub const WINDOW: Duration = Duration::from_millis(100);
-
-    /// The writer's batches since the window began, and the setting in force.
-    pub struct Pacing {
-        frames: i64,
-        since: Instant,
-        batches: u64,
-        writes: u64,
-    }
-
-    impl Pacing {
-        /// Quiet, from `now` (the connection given [`QUIET_FRAMES`] by the caller).
-        pub fn new(now: Instant) -> Pacing {
-            Pacing { frames: QUIET_FRAMES, since: now, batches: 0, writes: 0 }
-        }
-
-        /// Counts a batch of `writes`; at the end of a window, the setting to give the
-        /// connection if it changed.
-        pub fn after_batch(&mut self, writes: usize, now: Instant) -> Option<i64> {
-            self.batches += 1;
-            self.writes += writes as u64;
-            if now.duration_since(self.since) < WINDOW {
-                return None;
-            }
-            let frames = if self.writes >= BUSY_BATCH * self.batches { BUSY_FRAMES } else { QUIET_FRAMES };
-            let changed = frames != self.frames;
-            *self = Pacing { frames, ..Pacing::new(now) };
-            changed.then_some(frames)
-        }
-    }
-
-    /// Gives the writer's connection `frames`. A failure only leaves the last setting.
-    pub fn set(conn: &rusqlite::Connection, frames: i64, log: &Option<slog::Logger>) {
-        let outcome = conn.pragma_update(None, "wal_autocheckpoint", frames);
-        if let Some(log) = log {
-            slog::debug!(log, "checkpoint pacing"; "wal_frames" => frames, "ok" => outcome.is_ok());
-        }
-    }
 }
 
 /// The SQLite writer's busy handler. SQLite's own (what `busy_timeout` installs) sleeps
@@ -410,107 +348,5 @@ mod tests {
         assert_eq!(two, [None, None], "a failed batch answers nothing");
         assert_eq!(three, [Some(s + 2)], "the failed transaction had its own serial");
         assert_eq!(sqlite_transaction(), 0, "another thread's serial is its own");
-    }
-
-    /// The pacing's windows: busy from a mean of four writes a batch over a tenth of a
-    /// second, quiet below it, and a change only at the end of a window.
-    #[test]
-    fn checkpoints_are_paced_by_the_mean_batch_of_each_window() {
-        use checkpoints::{BUSY_FRAMES, Pacing, QUIET_FRAMES};
-        let t0 = std::time::Instant::now();
-        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
-        let mut p = Pacing::new(t0);
-        assert_eq!(p.after_batch(40, at(10)), None, "not before the window ends");
-        assert_eq!(p.after_batch(1, at(100)), Some(BUSY_FRAMES), "41 writes in 2 batches");
-        assert_eq!(p.after_batch(7, at(150)), None);
-        assert_eq!(p.after_batch(1, at(200)), None, "4 writes a batch is still busy: no change");
-        assert_eq!(p.after_batch(5, at(250)), None);
-        assert_eq!(p.after_batch(2, at(300)), Some(QUIET_FRAMES), "3.5 writes a batch");
-        assert_eq!(p.after_batch(1, at(5_000)), None, "an idle pause is a quiet window");
-    }
-
-    /// A write that holds the writer until it is let go.
-    struct Held(std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
-
-    impl Write for Held {
-        type Output = ();
-
-        fn sqlite(&self, _tx: &rusqlite::Transaction<'_>) -> Result<(), StoreError> {
-            let _ = self.0.lock().unwrap().recv();
-            Ok(())
-        }
-
-        fn postgres(&self) -> Postgres {
-            Postgres::Statements(Vec::new())
-        }
-
-        fn read_postgres(&self, _answer: PgAnswer) -> Result<(), StoreError> {
-            Ok(())
-        }
-    }
-
-    /// The writer thread gives its connection the quiet setting at start, the busy one
-    /// after a window of large batches, and the quiet one again after a window of single
-    /// writes (its debug lines say which, as it sets it); its other connections start busy.
-    #[test]
-    fn the_writer_thread_paces_its_connections_checkpoints() {
-        #[derive(Clone, Default)]
-        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Shared {
-            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(bytes);
-                Ok(bytes.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let out = Shared::default();
-        let drain = std::sync::Mutex::new(slog_json::Json::default(out.clone()));
-        let log = slog::Logger::root(slog::Drain::fuse(drain), slog::o!());
-        let paced = || -> Vec<i64> {
-            let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
-            text.lines()
-                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-                .filter(|l| l["msg"] == "checkpoint pacing" && l["ok"] == true)
-                .map(|l| l["wal_frames"].as_i64().unwrap())
-                .collect()
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("paced.db");
-        let other = sqlite_writer_connection(&path, StoreOptions::default()).unwrap();
-        let frames: i64 = other.pragma_query_value(None, "wal_autocheckpoint", |r| r.get(0)).unwrap();
-        assert_eq!(frames, checkpoints::BUSY_FRAMES, "a connection other than the writer's");
-        let tx = spawn_sqlite(path, StoreOptions::default(), Some(log)).unwrap();
-        let send = |write: Box<dyn FnOnce() -> Queued>| tx.blocking_send(write()).map_err(|_| ()).unwrap();
-        let one =
-            || -> Queued { Box::new(Pending { write: Serial(false), output: None, reply: oneshot::channel().0 }) };
-        // A first write holds the writer while 63 more queue behind it: one batch of 63.
-        let (go, wait) = std::sync::mpsc::channel();
-        send(Box::new(move || {
-            Box::new(Pending { write: Held(wait.into()), output: None, reply: oneshot::channel().0 })
-        }));
-        for _ in 0..63 {
-            send(Box::new(one));
-        }
-        go.send(()).unwrap();
-        std::thread::sleep(checkpoints::WINDOW);
-        send(Box::new(one));
-        let until = |n: usize| {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while paced().len() < n && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-        };
-        until(2);
-        // (A machine slow enough to end the first window at the batch of 63 has the
-        // single write after it make the quiet window already.)
-        assert_eq!(paced()[..2], [checkpoints::QUIET_FRAMES, checkpoints::BUSY_FRAMES]);
-        for _ in 0..3 {
-            std::thread::sleep(checkpoints::WINDOW);
-            send(Box::new(one));
-        }
-        until(3);
-        assert_eq!(paced(), [checkpoints::QUIET_FRAMES, checkpoints::BUSY_FRAMES, checkpoints::QUIET_FRAMES]);
     }
 }
