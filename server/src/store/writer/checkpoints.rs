@@ -166,7 +166,8 @@ mod tests {
             // window later, a single write ends the window.
             let (go, wait) = std::sync::mpsc::channel();
             let held = queue(&tx, Held(Some(wait.into())));
-            let last = (0..63).map(|_| queue(&tx, Held(None))).last().unwrap();
+            let mut queued: Vec<_> = (0..63).map(|_| queue(&tx, Held(None))).collect();
+            let last = queued.pop().unwrap();
             go.send(()).unwrap();
             held.blocking_recv().unwrap().unwrap();
             last.blocking_recv().unwrap().unwrap();
