@@ -7,6 +7,7 @@
 #   bench/cpu_stages.sh                     # needs wrk and linux-perf (Debian), as root
 #   GW_BIN=/tmp/other STORES=postgres bench/cpu_stages.sh
 #   SCRIPT=bench/keyed.lua bench/cpu_stages.sh   # a fresh Idempotency-Key on every send
+#   SCRIPT=bench/unkeyed.lua bench/cpu_stages.sh # its control: wrk makes each request afresh too
 #
 # `perf record --call-graph dwarf` samples the gateway's threads at HZ (default 499)
 # for RECORD seconds (default 4) from 3 s into the load; bench/cpu_stages.py puts each

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # What an Idempotency-Key costs: send-message (text, simulator, the purpose and content
 # modules, limits lifted) with a fresh key on every request (bench/keyed.lua) against
-# none (bench/send.lua), in pairs on a fresh store each run, alternating which of the
-# pair runs first; STORES (default both) and ROUNDS pairs each.
+# none (bench/unkeyed.lua: the same request made afresh each time by wrk, with an ignored
+# header in place of the key, so that wrk's own work a request is on both sides), in
+# pairs on a fresh store each run, alternating which of the pair runs first; STORES
+# (default both) and ROUNDS pairs each.
 #
 #   ROUNDS=4 DURATION=8 bench/keyed.sh        # needs wrk (Debian)
 #   PERF=1 STORES=sqlite ROUNDS=1 bench/keyed.sh
+#   PLAIN=bench/send.lua bench/keyed.sh       # the unkeyed side formatted once (before
+#                                             # 2026-11-30: it charged wrk's work to the key)
+#   PLAIN=bench/send.lua KEYED=bench/unkeyed.lua bench/keyed.sh   # what that work costs
 #
 # PERF=1 also records the gateway with `perf record -g` for 5 s in the middle of each
 # run (linux-perf) and prints its top symbols, self time, keyed beside unkeyed.
@@ -15,6 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8}
+PLAIN=${PLAIN:-bench/unkeyed.lua}
+KEYED=${KEYED:-bench/keyed.lua}
 ROUNDS=${ROUNDS:-3}
 STORES=${STORES:-sqlite postgres}
 . bench/common.sh
@@ -50,18 +57,18 @@ wait_jobs_but() { local j; for j in $(jobs -p); do [ "$j" = "$1" ] || wait "$j" 
 for store in $STORES; do
   for round in $(seq 1 "$ROUNDS"); do
     if [ $((round % 2)) = 1 ]; then
-      read -r plain plain_cpu plain_pg < <(one "$store" bench/send.lua 18091)
-      read -r keyed keyed_cpu keyed_pg < <(one "$store" bench/keyed.lua 18092)
+      read -r plain plain_cpu plain_pg < <(one "$store" "$PLAIN" 18091)
+      read -r keyed keyed_cpu keyed_pg < <(one "$store" "$KEYED" 18092)
     else
-      read -r keyed keyed_cpu keyed_pg < <(one "$store" bench/keyed.lua 18092)
-      read -r plain plain_cpu plain_pg < <(one "$store" bench/send.lua 18091)
+      read -r keyed keyed_cpu keyed_pg < <(one "$store" "$KEYED" 18092)
+      read -r plain plain_cpu plain_pg < <(one "$store" "$PLAIN" 18091)
     fi
     pg=""
     [ "$store" = postgres ] && pg=" (PostgreSQL $plain_pg / $keyed_pg µs)"
     printf '%-9s round %s   unkeyed %9s req/s %4s µs CPU   keyed %9s req/s %4s µs CPU   keyed/unkeyed %s%s\n' \
       "$store" "$round" "$plain" "$plain_cpu" "$keyed" "$keyed_cpu" "$(python3 -c "print(f'{$keyed / $plain:.2f}')")" "$pg"
     if [ -n "${PERF:-}" ]; then
-      for p in send keyed; do
+      for p in "$(basename "$PLAIN" .lua)" "$(basename "$KEYED" .lua)"; do
         echo "--- $store $p: top self symbols"
         perf report -q -g none -i "$work/$p.perf" --no-children --sort symbol 2>/dev/null | grep -v '^$' | head -25
       done
