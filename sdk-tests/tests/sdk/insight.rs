@@ -178,7 +178,7 @@ async fn a_messages_detail_reads_its_events_by_its_row() {
         customer_id: cx.tenant.customer_id.clone(),
         instance_id: Some(cx.tenant.instance_id.clone()),
         event_type: "message.sent".into(),
-        payload: json!({"event": "message.sent", "message_id": "REC1"}),
+        payload: json!({"event": "message.sent", "message_id": "REC1"}).to_string(),
         created_at: now_ms(),
     };
     let recorded = store.record_attempt(&row("REC1"), Some(&event)).await.unwrap();

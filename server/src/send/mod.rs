@@ -307,15 +307,18 @@ impl Sender {
         // The counters and the pending row, in one write, before the provider is called.
         // A first contact is claimed in the same write: if a concurrent send to the same
         // number claimed it first, this one is not new after all, and goes again as such.
-        let mut pending = self.entry(a, now);
-        pending.decision = "allowed".into();
-        pending.status = "pending".into();
         let seen = ctx.counters.clone();
         let (reservations, counts) = loop {
             let reservations = self.reservations(&customer, &instance, &phone, new_recipient, now);
+            // The pending row, made for each try: a second try (a first contact claimed
+            // by a concurrent send) is rare, and a copy kept for it cost every send a
+            // dozen allocations (BENCHMARKS.md, issue 22).
+            let mut pending = self.entry(a, now);
+            pending.decision = "allowed".into();
+            pending.status = "pending".into();
             let begin = Begin {
                 reservations: reservations.clone(),
-                entry: pending.clone(),
+                entry: pending,
                 deadline_at: now + timeout.as_millis() as i64 + ORPHAN_MARGIN_MS,
                 idem: a.input.idempotency.as_ref().map(|i| i.owner.clone()),
                 owner_lease: None, // the store's own

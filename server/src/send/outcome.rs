@@ -38,7 +38,7 @@ impl Sender {
             (Ok(receipt), Some(log_id)) => {
                 let event = self.event(&attempt, now, events::MessageSent::NAME, |base, to, message_purpose| {
                     let message_id = Some(receipt.message_id.clone());
-                    serde_json::to_value(events::MessageSent { base, to, message_purpose, message_id })
+                    serde_json::to_string(&events::MessageSent { base, to, message_purpose, message_id })
                 });
                 let sent = Sent {
                     log_id,
@@ -72,7 +72,7 @@ impl Sender {
                     .then(|| {
                         self.event(&attempt, now, events::MessageFailed::NAME, |base, to, message_purpose| {
                             let error = error.code().to_string();
-                            serde_json::to_value(events::MessageFailed { base, to, message_purpose, error })
+                            serde_json::to_string(&events::MessageFailed { base, to, message_purpose, error })
                         })
                     })
                     .flatten();
@@ -255,7 +255,7 @@ impl Sender {
         a: &Attempt<'_>,
         now: i64,
         name: &str,
-        body: impl FnOnce(events::EventBase, String, String) -> serde_json::Result<serde_json::Value>,
+        body: impl FnOnce(events::EventBase, String, String) -> serde_json::Result<String>,
     ) -> Option<OutboxEvent> {
         let instance = a.instance.as_ref()?;
         let checked = a.checked.as_ref()?;

@@ -23,7 +23,7 @@ use super::counters::{self, LimitHit, Reservation};
 use super::idempotency::{Answer, CLAIM_SQL, IdemOwner, KeyFate, claim_json, claim_values};
 use super::messages::{self, LogEntry, OutboxEvent};
 use super::writer::{Exec, PgAnswer, Postgres, Statement, Write, lane, sqlite_exec, unexpected};
-use super::{Store, StoreError, bind_dollar};
+use super::{Bound, Store, StoreError, bind_dollar, bound_int, bound_opt, bound_text};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
@@ -208,15 +208,11 @@ impl Store {
     }
 }
 
-fn text(s: &Option<String>) -> SqlValue {
-    s.clone().map_or(SqlValue::Null, SqlValue::Text)
-}
-
-fn pending_values(b: &Begin) -> Vec<SqlValue> {
+fn pending_values(b: &Begin) -> Vec<Bound<'_>> {
     let mut values = messages::log_values(&b.entry);
-    values.push(SqlValue::Integer(b.deadline_at));
-    values.push(b.idem.as_ref().map_or(SqlValue::Null, |i| SqlValue::Text(i.key.clone())));
-    values.push(b.owner_lease.map_or(SqlValue::Null, SqlValue::Integer));
+    values.push(bound_int(Some(b.deadline_at)));
+    values.push(b.idem.as_ref().map_or(bound_int(None), |i| bound_text(&i.key)));
+    values.push(bound_int(b.owner_lease));
     values
 }
 
@@ -245,16 +241,16 @@ fn sqlite_begin(tx: &rusqlite::Transaction<'_>, b: &Begin) -> Result<Began, Stor
 /// `finish` on SQLite, inside the writer's transaction.
 fn sqlite_finish(tx: &rusqlite::Transaction<'_>, f: &Finish) -> Result<bool, StoreError> {
     let mut values = vec![
-        SqlValue::Integer(f.log_id),
-        SqlValue::Text(f.status.clone()),
-        text(&f.error_code),
-        text(&f.policy),
-        text(&f.reason),
-        text(&f.provider_message_id),
+        bound_int(Some(f.log_id)),
+        bound_text(&f.status),
+        bound_opt(&f.error_code),
+        bound_opt(&f.policy),
+        bound_opt(&f.reason),
+        bound_opt(&f.provider_message_id),
     ];
     let sql = match &f.decision {
         Some(decision) => {
-            values.push(SqlValue::Text(decision.clone()));
+            values.push(bound_text(decision));
             FINISH_SQL
         }
         None => FINISH_KEEP_DECISION_SQL,

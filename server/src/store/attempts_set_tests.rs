@@ -35,7 +35,7 @@ fn finish(id: i64, status: &str, phone: &str, at: i64) -> serde_json::Value {
         customer_id: "cus_t".into(),
         instance_id: Some("ins_t".into()),
         event_type: format!("message.{status}"),
-        payload: serde_json::json!({"id": id, "status": status}),
+        payload: serde_json::json!({"id": id, "status": status}).to_string(),
         created_at: at,
     });
     finish_json(&Finish {

@@ -6,8 +6,7 @@
 //! value, so two replicas cannot both take the last unit; on SQLite the single writer
 //! serialises. The counters of one send are taken all or none.
 
-use super::{Store, StoreError, bind_dollar};
-use rusqlite::types::Value as SqlValue;
+use super::{Store, StoreError};
 use sqlx::Row;
 
 /// One counter to increment for a send.
@@ -45,7 +44,9 @@ pub const RELEASE_SQL: &str =
     "UPDATE usage_counters SET count = count - 1 WHERE scope = $1 AND window_start = $2 AND count > 0";
 const COUNT_SQL: &str = "SELECT count FROM usage_counters WHERE scope = $1 AND window_start = $2";
 
-/// One conditional upsert for `n` counters; returns the scopes it took.
+/// One conditional upsert for `n` counters; returns the scopes it took. Its parameters
+/// are numbered in the order they appear (`$k` is the statement's k-th), which
+/// `sqlite_reserve` binds by.
 fn reserve_sql(n: usize) -> String {
     let values: Vec<String> =
         (0..n).map(|i| format!("(${}, ${}, 1, ${}, ${})", 4 * i + 1, 4 * i + 2, 4 * i + 3, 4 * i + 4)).collect();
@@ -57,13 +58,27 @@ fn reserve_sql(n: usize) -> String {
     )
 }
 
-/// Which reservation was full, given the scopes the upsert took; and the ones to undo.
-fn first_full(rs: &[Reservation], taken: &[String]) -> Option<(usize, Vec<Reservation>)> {
-    if taken.len() == rs.len() {
+/// `reserve_sql` for up to this many counters is made once (a send names four); the
+/// writer took a dozen allocations a send making it again (BENCHMARKS.md, issue 22).
+const RESERVE_SQL_KEPT: usize = 8;
+
+/// `reserve_sql(n)`, made once for each `n` up to `RESERVE_SQL_KEPT`.
+fn reserve_sql_kept(n: usize) -> std::borrow::Cow<'static, str> {
+    static KEPT: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    match KEPT.get_or_init(|| (1..=RESERVE_SQL_KEPT).map(reserve_sql).collect()).get(n.wrapping_sub(1)) {
+        Some(sql) => std::borrow::Cow::Borrowed(sql.as_str()),
+        None => std::borrow::Cow::Owned(reserve_sql(n)),
+    }
+}
+
+/// Which reservation was full, given which were taken (`taken[i]`: a row came back
+/// for `rs[i]`'s scope) and how many rows came back; and the ones to undo.
+fn first_full(rs: &[Reservation], taken: &[bool], rows: usize) -> Option<(usize, Vec<Reservation>)> {
+    if rows == rs.len() {
         return None;
     }
-    let index = rs.iter().position(|r| !taken.contains(&r.scope)).unwrap_or(0);
-    Some((index, rs.iter().filter(|r| taken.contains(&r.scope)).cloned().collect()))
+    let index = taken.iter().position(|t| !t).unwrap_or(0);
+    Some((index, rs.iter().zip(taken).filter(|(_, t)| **t).map(|(r, _)| r.clone()).collect()))
 }
 
 /// Takes every reservation or none: the counters' values after this send's increment
@@ -75,31 +90,34 @@ pub(super) fn sqlite_reserve(
     if rs.is_empty() {
         return Ok(Ok(Vec::new()));
     }
-    let params: Vec<SqlValue> = rs
-        .iter()
-        .flat_map(|r| {
-            [
-                SqlValue::Text(r.scope.clone()),
-                SqlValue::Integer(r.window_start),
-                SqlValue::Integer(r.expires_at),
-                SqlValue::Integer(r.limit),
-            ]
-        })
-        .collect();
-    let mut stmt = tx.prepare_cached(&reserve_sql(rs.len()))?;
-    bind_dollar(&mut stmt, &params)?;
-    let mut taken = Vec::with_capacity(rs.len());
-    let mut counts = std::collections::HashMap::with_capacity(rs.len());
-    let mut rows = stmt.raw_query();
-    while let Some(row) = rows.next()? {
-        let scope = row.get::<_, String>(0)?;
-        counts.insert(scope.clone(), row.get::<_, i64>(1)?);
-        taken.push(scope);
+    // Each reservation's count as the upsert returned it (none: not taken), matched by
+    // scope; the values are bound where they are, not copied.
+    let mut counts: Vec<Option<i64>> = vec![None; rs.len()];
+    let mut rows_back = 0;
+    {
+        let mut stmt = tx.prepare_cached(&reserve_sql_kept(rs.len()))?;
+        for (i, r) in rs.iter().enumerate() {
+            stmt.raw_bind_parameter(4 * i + 1, r.scope.as_str())?;
+            stmt.raw_bind_parameter(4 * i + 2, r.window_start)?;
+            stmt.raw_bind_parameter(4 * i + 3, r.expires_at)?;
+            stmt.raw_bind_parameter(4 * i + 4, r.limit)?;
+        }
+        let mut rows = stmt.raw_query();
+        while let Some(row) = rows.next()? {
+            rows_back += 1;
+            let scope =
+                row.get_ref(0)?.as_str().map_err(|e| StoreError::Conflict(format!("a counter's scope: {e}")))?;
+            let count = row.get::<_, i64>(1)?;
+            for (r, c) in rs.iter().zip(counts.iter_mut()) {
+                if r.scope == scope {
+                    *c = Some(count);
+                }
+            }
+        }
     }
-    drop(rows);
-    drop(stmt);
-    let Some((index, undo)) = first_full(rs, &taken) else {
-        return Ok(Ok(rs.iter().map(|r| counts.get(&r.scope).copied().unwrap_or(1)).collect()));
+    let taken: Vec<bool> = counts.iter().map(Option::is_some).collect();
+    let Some((index, undo)) = first_full(rs, &taken, rows_back) else {
+        return Ok(Ok(counts.into_iter().map(|c| c.unwrap_or(1)).collect()));
     };
     sqlite_release(tx, &undo)?;
     let used: Option<i64> = tx
@@ -134,9 +152,29 @@ mod tests {
     fn first_full_reservation_is_named_and_the_others_undone() {
         let r = |scope: &str| Reservation { scope: scope.into(), window_start: 0, expires_at: 1, limit: 1 };
         let rs = vec![r("a"), r("b"), r("c")];
-        assert!(first_full(&rs, &["a".into(), "b".into(), "c".into()]).is_none());
-        let (index, undo) = first_full(&rs, &["a".into(), "c".into()]).unwrap();
+        assert!(first_full(&rs, &[true, true, true], 3).is_none());
+        let (index, undo) = first_full(&rs, &[true, false, true], 2).unwrap();
         assert_eq!(index, 1);
         assert_eq!(undo, vec![r("a"), r("c")]);
+    }
+
+    /// `sqlite_reserve` binds `reserve_sql`'s parameters by position: `$k` must be the
+    /// statement's k-th parameter, and the kept statements must be the ones made.
+    #[test]
+    fn the_reserve_statement_numbers_its_parameters_in_order() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE usage_counters (scope TEXT, window_start BIGINT, count BIGINT, expires_at BIGINT, \
+             lim BIGINT, PRIMARY KEY (scope, window_start))",
+        )
+        .unwrap();
+        for n in 1..=RESERVE_SQL_KEPT + 2 {
+            assert_eq!(reserve_sql_kept(n), reserve_sql(n));
+            let stmt = conn.prepare(&reserve_sql(n)).unwrap();
+            assert_eq!(stmt.parameter_count(), 4 * n);
+            for k in 1..=4 * n {
+                assert_eq!(stmt.parameter_name(k), Some(format!("${k}").as_str()));
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 
 use super::idempotency::{IdemOwner, KeyFate, refusal_key};
 use super::writer::{PgAnswer, Postgres, Statement, Write, unexpected};
-use super::{Cols, FromCols, Store, StoreError, bind_dollar};
+use super::{Bound, Cols, FromCols, Store, StoreError, bind_dollar, bound_int, bound_opt, bound_text};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
@@ -66,8 +66,8 @@ pub struct OutboxEvent {
     pub customer_id: String,
     pub instance_id: Option<String>,
     pub event_type: String,
-    /// The whole event body.
-    pub payload: serde_json::Value,
+    /// The whole event body, as JSON text (rendered once, where the event is made).
+    pub payload: String,
     pub created_at: i64,
 }
 
@@ -217,7 +217,8 @@ impl Write for Record {
     fn postgres_then(&self, recorded: &Recorded) -> Vec<Statement> {
         let mut then = Vec::new();
         if let Some(event) = &self.event {
-            then.push(Statement { sql: INSERT_OUTBOX_SQL, params: outbox_values(event, Some(recorded.log_id)) });
+            let params = outbox_values(event, Some(recorded.log_id)).into_iter().map(super::owned).collect();
+            then.push(Statement { sql: INSERT_OUTBOX_SQL, params });
         }
         if let Some((idem, fate)) = &self.answer {
             let (sql, params) = refusal_key(idem, fate, recorded.log_id, self.entry.created_at);
@@ -259,26 +260,25 @@ pub(super) const INSERT_OUTBOX_SQL: &str = "INSERT INTO outbox (customer_id, ins
      CASE WHEN e.instance_id IS NULL THEN 'skipped_no_endpoint' END \
      FROM (SELECT 1) AS one LEFT JOIN webhook_endpoints e ON e.instance_id = $2";
 
-pub(super) fn log_values(e: &LogEntry) -> Vec<SqlValue> {
-    let text = |s: &Option<String>| s.clone().map_or(SqlValue::Null, SqlValue::Text);
+pub(super) fn log_values(e: &LogEntry) -> Vec<Bound<'_>> {
     vec![
-        SqlValue::Text(e.customer_id.clone()),
-        text(&e.instance_id),
-        text(&e.api_key_id),
-        SqlValue::Text(e.source.clone()),
-        text(&e.purpose),
-        text(&e.recipient),
-        text(&e.message_type),
-        SqlValue::Text(e.decision.clone()),
-        text(&e.error_code),
-        text(&e.policy),
-        text(&e.reason),
-        text(&e.provider_message_id),
-        SqlValue::Text(e.status.clone()),
-        SqlValue::Integer(e.created_at),
-        text(&e.policy_trace),
-        text(&e.request_id),
-        text(&e.correlation_id),
+        bound_text(&e.customer_id),
+        bound_opt(&e.instance_id),
+        bound_opt(&e.api_key_id),
+        bound_text(&e.source),
+        bound_opt(&e.purpose),
+        bound_opt(&e.recipient),
+        bound_opt(&e.message_type),
+        bound_text(&e.decision),
+        bound_opt(&e.error_code),
+        bound_opt(&e.policy),
+        bound_opt(&e.reason),
+        bound_opt(&e.provider_message_id),
+        bound_text(&e.status),
+        bound_int(Some(e.created_at)),
+        bound_opt(&e.policy_trace),
+        bound_opt(&e.request_id),
+        bound_opt(&e.correlation_id),
     ]
 }
 
@@ -288,14 +288,14 @@ fn went_out(e: &LogEntry) -> bool {
 }
 
 /// The values of `INSERT_OUTBOX_SQL`: the event, naming the log row `log_id`.
-fn outbox_values(e: &OutboxEvent, log_id: Option<i64>) -> Vec<SqlValue> {
-    vec![
-        SqlValue::Text(e.customer_id.clone()),
-        e.instance_id.clone().map_or(SqlValue::Null, SqlValue::Text),
-        SqlValue::Text(e.event_type.clone()),
-        SqlValue::Text(e.payload.to_string()),
-        SqlValue::Integer(e.created_at),
-        log_id.map_or(SqlValue::Null, SqlValue::Integer),
+fn outbox_values(e: &OutboxEvent, log_id: Option<i64>) -> [Bound<'_>; 6] {
+    [
+        bound_text(&e.customer_id),
+        bound_opt(&e.instance_id),
+        bound_text(&e.event_type),
+        bound_text(&e.payload),
+        bound_int(Some(e.created_at)),
+        bound_int(log_id),
     ]
 }
 
@@ -388,6 +388,6 @@ pub(super) fn log_json(e: &LogEntry) -> serde_json::Value {
 pub(super) fn outbox_json(v: &OutboxEvent) -> serde_json::Value {
     serde_json::json!({
         "customer_id": v.customer_id, "instance_id": v.instance_id, "event_type": v.event_type,
-        "payload": v.payload.to_string(), "created_at": v.created_at,
+        "payload": v.payload, "created_at": v.created_at,
     })
 }

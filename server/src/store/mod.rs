@@ -230,10 +230,10 @@ impl SqliteReaders {
 /// `RETURNING`: SQLite gathers a statement's returned rows in a table of their own, about
 /// 2.7 µs a statement on the writer's hot path (BENCHMARKS.md, issue 22, eighteenth
 /// session). `what` names the row in the error when none was written.
-pub(crate) fn sqlite_insert(
+pub(crate) fn sqlite_insert<V: rusqlite::ToSql>(
     tx: &rusqlite::Transaction<'_>,
     sql: &str,
-    values: &[SqlValue],
+    values: &[V],
     what: &str,
 ) -> Result<i64, StoreError> {
     let mut insert = tx.prepare_cached(sql)?;
@@ -244,12 +244,45 @@ pub(crate) fn sqlite_insert(
     Ok(tx.last_insert_rowid())
 }
 
+/// A value for `bind_dollar` that borrows its text where it lies: the send path's
+/// writes bind their rows' fields this way rather than copying each into a `SqlValue`
+/// (a dozen allocations a write on the SQLite writer's thread: BENCHMARKS.md, issue 22).
+pub(crate) type Bound<'a> = rusqlite::types::ToSqlOutput<'a>;
+
+/// Text bound where it lies.
+pub(crate) fn bound_text(s: &str) -> Bound<'_> {
+    Bound::Borrowed(rusqlite::types::ValueRef::Text(s.as_bytes()))
+}
+
+/// Text bound where it lies, or NULL.
+pub(crate) fn bound_opt(s: &Option<String>) -> Bound<'_> {
+    s.as_deref().map_or(Bound::Borrowed(rusqlite::types::ValueRef::Null), bound_text)
+}
+
+/// An integer, or NULL.
+pub(crate) fn bound_int(n: Option<i64>) -> Bound<'static> {
+    n.map_or(Bound::Borrowed(rusqlite::types::ValueRef::Null), |n| Bound::Owned(SqlValue::Integer(n)))
+}
+
+/// A bound value as an owned one (for a `Statement` that outlives what it was read from).
+pub(crate) fn owned(b: Bound<'_>) -> SqlValue {
+    match b {
+        Bound::Borrowed(v) => v.into(),
+        Bound::Owned(v) => v,
+        // Neither is made by the functions above.
+        _ => SqlValue::Null,
+    }
+}
+
 /// Binds `values[i]` to `$i+1` by name. SQLite numbers `$n` parameters in the order
 /// they first appear in the text, not by `n`, so positional binding would be wrong for
 /// a query that mentions `$3` before `$1`. Each parameter's name is read back from the
 /// statement and parsed: looking each `$n` up by a formatted name cost 7 % of the
 /// SQLite writer's time (BENCHMARKS.md, issue 22).
-pub(crate) fn bind_dollar(stmt: &mut rusqlite::Statement<'_>, values: &[SqlValue]) -> Result<(), StoreError> {
+pub(crate) fn bind_dollar<V: rusqlite::ToSql>(
+    stmt: &mut rusqlite::Statement<'_>,
+    values: &[V],
+) -> Result<(), StoreError> {
     let mut bound = 0;
     for index in 1..=stmt.parameter_count() {
         let n = stmt.parameter_name(index).and_then(|name| name.strip_prefix('$')?.parse::<usize>().ok());
