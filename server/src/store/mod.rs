@@ -269,7 +269,8 @@ pub(crate) fn owned(b: Bound<'_>) -> SqlValue {
     match b {
         Bound::Borrowed(v) => v.into(),
         Bound::Owned(v) => v,
-        // Neither is made by the functions above.
+        // `ToSqlOutput`'s other forms (zero blobs, arrays, ...) are made by none of
+        // the functions above.
         _ => SqlValue::Null,
     }
 }
