@@ -72,14 +72,14 @@ fn reserve_sql_kept(n: usize) -> std::borrow::Cow<'static, str> {
     }
 }
 
-/// Which reservation was full, given which were taken (`taken[i]`: a row came back
-/// for `rs[i]`'s scope) and how many rows came back; and the ones to undo.
-fn first_full(rs: &[Reservation], taken: &[bool], rows: usize) -> Option<(usize, Vec<Reservation>)> {
+/// Which reservation was full, given each one's count as the upsert returned it (none:
+/// no row came back for its scope) and how many rows came back; and the ones to undo.
+fn first_full(rs: &[Reservation], counts: &[Option<i64>], rows: usize) -> Option<(usize, Vec<Reservation>)> {
     if rows == rs.len() {
         return None;
     }
-    let index = taken.iter().position(|t| !t).unwrap_or(0);
-    Some((index, rs.iter().zip(taken).filter(|(_, t)| **t).map(|(r, _)| r.clone()).collect()))
+    let index = counts.iter().position(Option::is_none).unwrap_or(0);
+    Some((index, rs.iter().zip(counts).filter(|(_, c)| c.is_some()).map(|(r, _)| r.clone()).collect()))
 }
 
 /// Takes every reservation or none: the counters' values after this send's increment
@@ -106,8 +106,7 @@ pub(super) fn sqlite_reserve(
         let mut rows = stmt.raw_query();
         while let Some(row) = rows.next()? {
             rows_back += 1;
-            let scope =
-                row.get_ref(0)?.as_str().map_err(|e| StoreError::Conflict(format!("a counter's scope: {e}")))?;
+            let scope = row.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
             let count = row.get::<_, i64>(1)?;
             for (r, c) in rs.iter().zip(counts.iter_mut()) {
                 if r.scope == scope {
@@ -116,8 +115,7 @@ pub(super) fn sqlite_reserve(
             }
         }
     }
-    let taken: Vec<bool> = counts.iter().map(Option::is_some).collect();
-    let Some((index, undo)) = first_full(rs, &taken, rows_back) else {
+    let Some((index, undo)) = first_full(rs, &counts, rows_back) else {
         return Ok(Ok(counts.into_iter().map(|c| c.unwrap_or(1)).collect()));
     };
     sqlite_release(tx, &undo)?;
@@ -153,8 +151,8 @@ mod tests {
     fn first_full_reservation_is_named_and_the_others_undone() {
         let r = |scope: &str| Reservation { scope: scope.into(), window_start: 0, expires_at: 1, limit: 1 };
         let rs = vec![r("a"), r("b"), r("c")];
-        assert!(first_full(&rs, &[true, true, true], 3).is_none());
-        let (index, undo) = first_full(&rs, &[true, false, true], 2).unwrap();
+        assert!(first_full(&rs, &[Some(1), Some(1), Some(1)], 3).is_none());
+        let (index, undo) = first_full(&rs, &[Some(1), None, Some(1)], 2).unwrap();
         assert_eq!(index, 1);
         assert_eq!(undo, vec![r("a"), r("c")]);
     }
