@@ -6,25 +6,37 @@
 //! bounded queue ([`QUEUE`] records); when the queue is full the record is dropped
 //! and counted (`gateway_log_records_dropped_total`), never waited for. The writing
 //! thread buffers lines and hands them to the file when the queue runs empty (or the
-//! buffer fills), so a busy second costs a few writes instead of one per line, and a
-//! line written in a quiet moment reaches the file at once. [`flush`] (a clean stop)
-//! writes whatever is still queued.
+//! buffer fills), so a busy second costs a few writes instead of one per line.
+//!
+//! The writing thread is woken by a record only when it found none the last time it
+//! looked: a line written in a quiet moment reaches the file at once. After a round
+//! that wrote lines it sleeps [`PAUSE`] and looks again, so under load no record wakes
+//! it (a wake-up is a system call on the request's thread and a switch on the writer's:
+//! about half the log thread's time when it was woken for each record; BENCHMARKS.md,
+//! issue 22, twenty-ninth session). [`flush`] (a clean stop) writes whatever is still
+//! queued.
 
 use crate::config::Config;
 use dropshot::{ConfigLogging, ConfigLoggingLevel};
 use slog::{Drain, Level, Logger, OwnedKVList, Record};
 use std::io::{self, BufWriter, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Records waiting for the writing thread at most; more are dropped and counted.
 pub const QUEUE: usize = 8192;
 /// Bytes of lines the writing thread holds before it writes them out.
 const BUFFER: usize = 64 * 1024;
+/// How long the writing thread sleeps after a round that wrote lines before it looks
+/// at the queue again (at most [`QUEUE`] records can arrive meanwhile).
+pub const PAUSE: Duration = Duration::from_millis(5);
 
 /// One guard per queued logger made in this process: dropping it writes what is
 /// queued and ends its thread.
-static GUARDS: Mutex<Vec<slog_async::AsyncGuard>> = Mutex::new(Vec::new());
+static GUARDS: Mutex<Vec<Guard>> = Mutex::new(Vec::new());
 
 /// The root logger `config` asks for. Stdout is left to the CLI's JSON output.
 pub fn make_logger(config: &Config) -> Result<Logger, String> {
@@ -76,20 +88,95 @@ pub fn flush() {
 }
 
 fn queued(out: Box<dyn Write + Send>, level: Level) -> Logger {
+    let (logger, guard) = start(out, level);
+    GUARDS.lock().unwrap_or_else(|e| e.into_inner()).push(guard);
+    logger
+}
+
+/// A logger writing to `out` from a thread of its own, and the guard that ends it.
+fn start(out: Box<dyn Write + Send>, level: Level) -> (Logger, Guard) {
     let pending = Arc::new(AtomicUsize::new(0));
     let out = IdleFlush { out: BufWriter::with_capacity(BUFFER, out), pending: pending.clone() };
     let json = slog_bunyan::with_name("gateway", out).set_flush(true).build();
     let writer = Writer { json, pending: pending.clone() };
-    let (core, guard) =
-        slog_async::AsyncCore::custom(writer).chan_size(QUEUE).thread_name("log".into()).build_with_guard();
-    GUARDS.lock().unwrap_or_else(|e| e.into_inner()).push(guard);
-    Logger::root(slog::LevelFilter(Queue { core, pending }, level).ignore_res(), slog::o!())
+    let (tx, rx) = mpsc::sync_channel(QUEUE);
+    let thread = std::thread::Builder::new()
+        .name("log".into())
+        .spawn(move || write_lines(&rx, &writer))
+        .expect("the log thread starts");
+    let guard = Guard { tx: tx.clone(), thread: Some(thread) };
+    (Logger::root(slog::LevelFilter(Queue { tx, pending }, level).ignore_res(), slog::o!()), guard)
+}
+
+/// What the writing thread takes off the queue.
+enum Message {
+    Record(slog_async::AsyncRecord),
+    /// Write what is queued, then end.
+    Stop,
+}
+
+/// Ends a writing thread when dropped, once it has written what was queued before.
+struct Guard {
+    tx: SyncSender<Message>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        // Waits for room if the queue is full: the thread is writing it out.
+        let _ = self.tx.send(Message::Stop);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The writing thread: blocks for a record when the last look found none; after a
+/// round that wrote some, sleeps [`PAUSE`] and looks again. Each round writes every
+/// record queued by then. Ends at `Stop` (after writing what is queued), or when every
+/// sender is gone.
+fn write_lines<W: Write>(rx: &Receiver<Message>, writer: &Writer<W>) {
+    let mut busy = false;
+    loop {
+        let first = match busy {
+            true => {
+                std::thread::sleep(PAUSE);
+                rx.try_recv().ok()
+            }
+            false => match rx.recv() {
+                Ok(message) => Some(message),
+                Err(_) => return,
+            },
+        };
+        let Some(mut message) = first else {
+            // Nothing came during the pause: block until something does.
+            busy = false;
+            continue;
+        };
+        let mut stop = false;
+        loop {
+            match message {
+                Message::Record(record) => {
+                    let _ = record.log_to(writer);
+                }
+                Message::Stop => stop = true,
+            }
+            match rx.try_recv() {
+                Ok(next) => message = next,
+                Err(_) => break,
+            }
+        }
+        if stop {
+            return;
+        }
+        busy = true;
+    }
 }
 
 /// The request side: counts the record in, or drops and counts it when the queue is
-/// full.
+/// full (or its thread has ended).
 struct Queue {
-    core: slog_async::AsyncCore,
+    tx: SyncSender<Message>,
     /// Records queued and not yet taken by the writing thread.
     pending: Arc<AtomicUsize>,
 }
@@ -100,7 +187,7 @@ impl Drain for Queue {
 
     fn log(&self, record: &Record<'_>, values: &OwnedKVList) -> Result<(), slog::Never> {
         self.pending.fetch_add(1, Ordering::AcqRel);
-        if self.core.log(record, values).is_err() {
+        if self.tx.try_send(Message::Record(slog_async::AsyncRecord::from(record, values))).is_err() {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             crate::metrics::get().log_records_dropped.inc();
         }
@@ -184,6 +271,61 @@ mod tests {
         assert_eq!(written[0]["req_id"], "r1");
         assert_eq!(written[0]["name"], "gateway");
         assert_eq!(written[0]["level"], 30, "bunyan's info");
+    }
+
+    /// A writer that counts the writes it was given.
+    #[derive(Clone, Default)]
+    struct Counted(Arc<AtomicUsize>, Shared);
+
+    impl Write for Counted {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            self.1.write(bytes)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_steady_stream_is_written_in_rounds_not_a_wake_up_per_line() {
+        let out = Counted::default();
+        let log = queued(Box::new(out.clone()), Level::Info);
+        let started = std::time::Instant::now();
+        let lines_sent = 2000;
+        for i in 0..lines_sent {
+            slog::info!(log, "line"; "i" => i);
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let elapsed = started.elapsed();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while lines(&out.1).len() < lines_sent {
+            assert!(std::time::Instant::now() < deadline, "only {} lines written", lines(&out.1).len());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let written = lines(&out.1);
+        assert!(written.iter().enumerate().all(|(i, l)| l["i"] == i), "lines out of order");
+        // A round each PAUSE while lines come, and at most one more each time a pause
+        // found none and the thread waited to be woken: a writer woken by every line
+        // would hand its buffer to the file about once a line.
+        let writes = out.0.load(Ordering::SeqCst);
+        let bound = 2 * (elapsed.as_millis() as usize / PAUSE.as_millis() as usize + 2);
+        assert!(writes <= bound, "{writes} writes for {lines_sent} lines in {elapsed:?} (at most {bound})");
+    }
+
+    #[test]
+    fn the_stop_writes_what_is_queued_and_later_records_are_counted_as_dropped() {
+        let out = Shared::default();
+        let (log, guard) = start(Box::new(out.clone()), Level::Info);
+        for i in 0..500 {
+            slog::info!(log, "line"; "i" => i);
+        }
+        drop(guard);
+        assert_eq!(lines(&out).len(), 500, "what was queued before the stop is written");
+        let before = crate::metrics::get().log_records_dropped.get();
+        slog::info!(log, "after the stop");
+        assert!(crate::metrics::get().log_records_dropped.get() > before, "a record after the stop is counted");
+        assert_eq!(lines(&out).len(), 500);
     }
 
     #[test]
