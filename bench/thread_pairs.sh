@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# This gateway against another build (BASE_BIN), alternating which runs first, on a fresh
+# store each run: send-message at saturation (wrk -t1 -c32, DURATION s, a text send, the
+# purpose and content modules, limits lifted), or at an offered rate in open loop (OPEN
+# req/s, server/examples/openloop.rs), with the CPU a send of each of the gateway's
+# threads from /proc/<pid>/task (tokio-rt-worker, sqlite-writer, log, ...), on
+# PostgreSQL of its server processes too, and the gateway's resident memory at the end.
+#
+#   BASE_BIN=/tmp/gateway-base ROUNDS=4 bench/thread_pairs.sh            # SQLite; needs wrk
+#   BASE_BIN=... OPEN=1000 bench/thread_pairs.sh                         # 1,000 req/s, open loop
+#   BASE_BIN=... STORE=postgres bench/thread_pairs.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${DURATION:-8}
+ROUNDS=${ROUNDS:-3}
+STORE=${STORE:-sqlite}
+SCRIPT=${SCRIPT:-bench/send.lua}
+OPEN=${OPEN:-}
+: "${BASE_BIN:?set BASE_BIN to the gateway binary to compare with}"
+. bench/common.sh
+BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactional","message":"Your code is 123456"}'
+URL=http://127.0.0.1:18098/api/send-message
+
+threads() { # pid -> one line per thread name: "name ticks" (user and system)
+  local t
+  for t in /proc/"$1"/task/*; do
+    awk '{n = $2; for (i = 3; $i !~ /^[A-Z]$/; i++) n = n " " $i; gsub(/[()]/, "", n); sub(/-[0-9]+$/, "", n);
+          gsub(/ /, "_", n); print n, $(i + 11) + $(i + 12)}' "$t/stat" 2>/dev/null
+  done | awk '{a[$1] += $2} END {for (k in a) print k, a[k]}'
+}
+
+one() { # name binary
+  local name=$1 bin=$2 key cus db pid rps t0 t1 p0 p1 rss
+  case $STORE in
+    sqlite) db="sqlite://$work/$name-$RANDOM.db?mode=rwc" ;;
+    postgres) db=$(pg_fresh) ;;
+  esac
+  demo_tenant "$bin" "$db"
+  bench_gateway "$bin" "$db" 18098 >/dev/null 2>&1
+  pid=$(pgrep -f "serve --listen 127.0.0.1:18098" | head -1)
+  t0=$(threads "$pid"); p0=$(pg_ticks)
+  if [ -n "$OPEN" ]; then
+    echo "  $name: $(API_KEY=$key "$BIN/examples/openloop" "$URL" "$OPEN" "$DURATION" "$BODY")"
+    rps=$OPEN
+  else
+    rps=$(API_KEY=$key wrk -t1 -c32 -d"${DURATION}"s -s "$SCRIPT" "$URL" | awk '/Requests\/sec/ {print $2}')
+  fi
+  t1=$(threads "$pid"); p1=$(pg_ticks)
+  rss=$(awk '/^VmRSS/ {print int($2 / 1024)}' /proc/"$pid"/status)
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  [ "$STORE" = sqlite ] || pg_drop
+  python3 - "$name" "$rps" "$DURATION" "$((p1 - p0))" "$(getconf CLK_TCK)" "$t0" "$t1" "$STORE" "$rss" <<'PY'
+import sys
+name, rps, duration, pg, hz, t0, t1, store, rss = sys.argv[1:]
+sends, us = float(rps) * float(duration), 1e6 / int(hz)
+before = {l.split()[0]: int(l.split()[1]) for l in t0.splitlines() if l.strip()}
+per = {k: (int(v) - before.get(k, 0)) * us / sends for k, v in (l.split() for l in t1.splitlines() if l.strip())}
+parts = " ".join(f"{k} {v:.0f}" for k, v in sorted(per.items(), key=lambda x: -x[1]) if v >= 0.5)
+pg_part = f"  postgres {int(pg) * us / sends:.0f}" if store == "postgres" else ""
+print(f"{name:5} {float(rps):>8.0f} req/s  gateway {sum(per.values()):4.0f} us a send ({parts}){pg_part}  RSS {rss} MiB")
+PY
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  if [ $((round % 2)) = 1 ]; then order="base this"; else order="this base"; fi
+  for build in $order; do
+    bin=$BASE_BIN; [ "$build" = this ] && bin=$BIN/gateway
+    one "$build" "$bin"
+  done
+done
