@@ -39,7 +39,7 @@ WRITER = [
     ("answering the callers", ["Unit>::reply"]),
     ("waiting for work", ["blocking_recv", "futex"]),
 ]
-LOG = [("log lines (slog-async drain)", [""])]
+LOG = [("log lines (the writing thread)", [""])]
 RULES = {"tokio-rt-worker": WORKER, "sqlite-writer": WRITER, "log": LOG}
 
 

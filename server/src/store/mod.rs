@@ -660,6 +660,18 @@ mod tests {
         assert!(bind_dollar(&mut short, &values).is_err(), "$3 has no parameter");
     }
 
+    /// SQLite as `.cargo/config.toml` builds it: no memory statistics and no shared page
+    /// cache (both a process-wide mutex every connection took; BENCHMARKS.md). A build
+    /// that lost the flags (another `LIBSQLITE3_FLAGS`, a system SQLite) fails here.
+    #[test]
+    fn sqlite_is_built_without_process_wide_locks_on_memory() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let mut stmt = conn.prepare("PRAGMA compile_options").unwrap();
+        let options: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+        assert!(options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"), "{options:?}");
+        assert!(!options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"), "{options:?}");
+    }
+
     #[tokio::test]
     async fn two_processes_opening_a_new_sqlite_file_at_once_take_turns_migrating() {
         let dir = tempfile::tempdir().unwrap();
