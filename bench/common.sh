@@ -81,3 +81,16 @@ with open(path, "w") as f:
         f.write(f"{ts} {sig} {body}\n")
 PY
 }
+
+# Calls the caller's `one NAME BINARY` for BASE_BIN ("base") and this checkout's release
+# build ("this"), ROUNDS times each, alternating which of the pair runs first.
+alternate() {
+  local round order build bin
+  for round in $(seq 1 "$ROUNDS"); do
+    if [ $((round % 2)) = 1 ]; then order="base this"; else order="this base"; fi
+    for build in $order; do
+      bin=$BASE_BIN; [ "$build" = this ] && bin=$BIN/gateway
+      one "$build" "$bin"
+    done
+  done
+}

@@ -47,10 +47,4 @@ print(f"{name:5} {rps:>9} req/s  gateway {int(g) * us / sends:5.0f} us a send  "
 PY
 }
 
-for round in $(seq 1 "$ROUNDS"); do
-  if [ $((round % 2)) = 1 ]; then order="base this"; else order="this base"; fi
-  for build in $order; do
-    bin=$BASE_BIN; [ "$build" = this ] && bin=$BIN/gateway
-    one "$build" "$bin"
-  done
-done
+alternate

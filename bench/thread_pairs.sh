@@ -61,10 +61,4 @@ print(f"{name:5} {float(rps):>8.0f} req/s  gateway {sum(per.values()):4.0f} us a
 PY
 }
 
-for round in $(seq 1 "$ROUNDS"); do
-  if [ $((round % 2)) = 1 ]; then order="base this"; else order="this base"; fi
-  for build in $order; do
-    bin=$BASE_BIN; [ "$build" = this ] && bin=$BIN/gateway
-    one "$build" "$bin"
-  done
-done
+alternate
