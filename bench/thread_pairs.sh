@@ -23,10 +23,22 @@ URL=http://127.0.0.1:18098/api/send-message
 
 threads() { # pid -> one line per thread name: "name ticks" (user and system)
   local t
-  for t in /proc/"$1"/task/*; do
-    awk '{n = $2; for (i = 3; $i !~ /^[A-Z]$/; i++) n = n " " $i; gsub(/[()]/, "", n); sub(/-[0-9]+$/, "", n);
-          gsub(/ /, "_", n); print n, $(i + 11) + $(i + 12)}' "$t/stat" 2>/dev/null
-  done | awk '{a[$1] += $2} END {for (k in a) print k, a[k]}'
+  python3 - "$1" <<'PY'
+import glob, re, sys
+total = {}
+for path in glob.glob(f"/proc/{sys.argv[1]}/task/*/stat"):
+    try:
+        s = open(path).read()
+    except OSError:
+        continue  # the thread ended meanwhile
+    # The name is between the first "(" and the last ")"; utime and stime are the 12th
+    # and 13th fields after it.
+    name = re.sub(r"-[0-9]+$", "", s[s.index("(") + 1:s.rindex(")")]).replace(" ", "_")
+    f = s[s.rindex(")") + 2:].split()
+    total[name] = total.get(name, 0) + int(f[11]) + int(f[12])
+for name, ticks in total.items():
+    print(name, ticks)
+PY
 }
 
 one() { # name binary
@@ -37,7 +49,7 @@ one() { # name binary
   esac
   demo_tenant "$bin" "$db"
   bench_gateway "$bin" "$db" 18098 >/dev/null 2>&1
-  pid=$(pgrep -f "serve --listen 127.0.0.1:18098" | head -1)
+  pid=$!
   t0=$(threads "$pid"); p0=$(pg_ticks)
   if [ -n "$OPEN" ]; then
     echo "  $name: $(API_KEY=$key "$BIN/examples/openloop" "$URL" "$OPEN" "$DURATION" "$BODY")"
@@ -54,7 +66,7 @@ import sys
 name, rps, duration, pg, hz, t0, t1, store, rss = sys.argv[1:]
 sends, us = float(rps) * float(duration), 1e6 / int(hz)
 before = {l.split()[0]: int(l.split()[1]) for l in t0.splitlines() if l.strip()}
-per = {k: (int(v) - before.get(k, 0)) * us / sends for k, v in (l.split() for l in t1.splitlines() if l.strip())}
+per = {k: max(0, int(v) - before.get(k, 0)) * us / sends for k, v in (l.split() for l in t1.splitlines() if l.strip())}
 parts = " ".join(f"{k} {v:.0f}" for k, v in sorted(per.items(), key=lambda x: -x[1]) if v >= 0.5)
 pg_part = f"  postgres {int(pg) * us / sends:.0f}" if store == "postgres" else ""
 print(f"{name:5} {float(rps):>8.0f} req/s  gateway {sum(per.values()):4.0f} us a send ({parts}){pg_part}  RSS {rss} MiB")

@@ -5,8 +5,8 @@
 //! filter stands in front of the queue. A record at or above it is copied into a
 //! bounded queue ([`QUEUE`] records); when the queue is full the record is dropped
 //! and counted (`gateway_log_records_dropped_total`), never waited for. The writing
-//! thread buffers lines and hands them to the file when the queue runs empty (or the
-//! buffer fills), so a busy second costs a few writes instead of one per line.
+//! thread buffers lines and hands them to the file at the end of each round (or when
+//! the buffer fills), so a busy second costs a few writes instead of one per line.
 //!
 //! The writing thread is woken by a record only when it found none the last time it
 //! looked: a line written in a quiet moment reaches the file at once. After a round
@@ -20,7 +20,6 @@ use crate::config::Config;
 use dropshot::{ConfigLogging, ConfigLoggingLevel};
 use slog::{Drain, Level, Logger, OwnedKVList, Record};
 use std::io::{self, BufWriter, Write};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -31,7 +30,8 @@ pub const QUEUE: usize = 8192;
 /// Bytes of lines the writing thread holds before it writes them out.
 const BUFFER: usize = 64 * 1024;
 /// How long the writing thread sleeps after a round that wrote lines before it looks
-/// at the queue again (at most [`QUEUE`] records can arrive meanwhile).
+/// at the queue again: the queue holds what comes meanwhile, so more than [`QUEUE`]
+/// records within one pause are dropped (and counted).
 pub const PAUSE: Duration = Duration::from_millis(5);
 
 /// One guard per queued logger made in this process: dropping it writes what is
@@ -95,23 +95,22 @@ fn queued(out: Box<dyn Write + Send>, level: Level) -> Logger {
 
 /// A logger writing to `out` from a thread of its own, and the guard that ends it.
 fn start(out: Box<dyn Write + Send>, level: Level) -> (Logger, Guard) {
-    let pending = Arc::new(AtomicUsize::new(0));
-    let out = IdleFlush { out: BufWriter::with_capacity(BUFFER, out), pending: pending.clone() };
-    let json = slog_bunyan::with_name("gateway", out).set_flush(true).build();
-    let writer = Writer { json, pending: pending.clone() };
+    let lines = Lines(Arc::new(Mutex::new(BufWriter::with_capacity(BUFFER, out))));
+    // The JSON drain writes lines into the buffer; the writing thread hands them over.
+    let json = slog_bunyan::with_name("gateway", lines.clone()).set_flush(false).build();
     let (tx, rx) = mpsc::sync_channel(QUEUE);
     let thread = std::thread::Builder::new()
         .name("log".into())
-        .spawn(move || write_lines(&rx, &writer))
+        .spawn(move || write_lines(&rx, &json, &lines))
         .expect("the log thread starts");
     let guard = Guard { tx: tx.clone(), thread: Some(thread) };
-    (Logger::root(slog::LevelFilter(Queue { tx, pending }, level).ignore_res(), slog::o!()), guard)
+    (Logger::root(slog::LevelFilter(Queue { tx }, level).ignore_res(), slog::o!()), guard)
 }
 
 /// What the writing thread takes off the queue.
 enum Message {
     Record(slog_async::AsyncRecord),
-    /// Write what is queued, then end.
+    /// End: everything queued before it has been written.
     Stop,
 }
 
@@ -133,9 +132,10 @@ impl Drop for Guard {
 
 /// The writing thread: blocks for a record when the last look found none; after a
 /// round that wrote some, sleeps [`PAUSE`] and looks again. Each round writes every
-/// record queued by then. Ends at `Stop` (after writing what is queued), or when every
-/// sender is gone.
-fn write_lines<W: Write>(rx: &Receiver<Message>, writer: &Writer<W>) {
+/// record queued by then and hands the lines to the file. Ends at `Stop` (the queue
+/// keeps its order, so what was logged before has been written; what follows is
+/// counted as dropped), or when every sender is gone.
+fn write_lines<W: Write>(rx: &Receiver<Message>, json: &slog_json::Json<W>, lines: &Lines) {
     let mut busy = false;
     loop {
         let first = match busy {
@@ -153,32 +153,34 @@ fn write_lines<W: Write>(rx: &Receiver<Message>, writer: &Writer<W>) {
             busy = false;
             continue;
         };
-        let mut stop = false;
         loop {
             match message {
+                // A log that cannot be written (a full disk) must not stop the gateway.
                 Message::Record(record) => {
-                    let _ = record.log_to(writer);
+                    let _ = record.log_to(json);
                 }
-                Message::Stop => stop = true,
+                Message::Stop => {
+                    lines.hand_over();
+                    while let Ok(Message::Record(_)) = rx.try_recv() {
+                        crate::metrics::get().log_records_dropped.inc();
+                    }
+                    return;
+                }
             }
             match rx.try_recv() {
                 Ok(next) => message = next,
                 Err(_) => break,
             }
         }
-        if stop {
-            return;
-        }
+        lines.hand_over();
         busy = true;
     }
 }
 
-/// The request side: counts the record in, or drops and counts it when the queue is
-/// full (or its thread has ended).
+/// The request side: queues a copy of the record, or drops and counts it when the
+/// queue is full (or its thread has ended).
 struct Queue {
     tx: SyncSender<Message>,
-    /// Records queued and not yet taken by the writing thread.
-    pending: Arc<AtomicUsize>,
 }
 
 impl Drain for Queue {
@@ -186,54 +188,42 @@ impl Drain for Queue {
     type Err = slog::Never;
 
     fn log(&self, record: &Record<'_>, values: &OwnedKVList) -> Result<(), slog::Never> {
-        self.pending.fetch_add(1, Ordering::AcqRel);
-        if self.tx.try_send(Message::Record(slog_async::AsyncRecord::from(record, values))).is_err() {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
+        let record = slog_async::AsyncRecord::from(record, values);
+        if self.tx.try_send(Message::Record(record)).is_err() {
             crate::metrics::get().log_records_dropped.inc();
         }
         Ok(())
     }
 }
 
-/// The writing thread's side: takes a record off the count, then writes it.
-struct Writer<W: Write> {
-    json: slog_json::Json<W>,
-    pending: Arc<AtomicUsize>,
-}
+/// The lines the JSON drain wrote and the writing thread has not yet handed to the
+/// file. Both sides are the writing thread, so the lock is never contended; the drain
+/// never flushes (the thread does, at the end of each round).
+#[derive(Clone)]
+struct Lines(Arc<Mutex<BufWriter<Box<dyn Write + Send>>>>);
 
-impl<W: Write> Drain for Writer<W> {
-    type Ok = ();
-    type Err = slog::Never;
-
-    fn log(&self, record: &Record<'_>, values: &OwnedKVList) -> Result<(), slog::Never> {
-        self.pending.fetch_sub(1, Ordering::AcqRel);
+impl Lines {
+    /// Hands the buffered lines to the file.
+    fn hand_over(&self) {
         // A log that cannot be written (a full disk) must not stop the gateway.
-        let _ = self.json.log(record, values);
-        Ok(())
+        let _ = self.0.lock().unwrap_or_else(|e| e.into_inner()).flush();
     }
 }
 
-/// Lines buffered until no record is waiting (the JSON drain asks for a flush after
-/// every line; it happens only when the queue is empty, or by itself when the
-/// buffer is full).
-struct IdleFlush<W: Write> {
-    out: BufWriter<W>,
-    pending: Arc<AtomicUsize>,
-}
-
-impl<W: Write> Write for IdleFlush<W> {
+impl Write for Lines {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        self.out.write(bytes)
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).write(bytes)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        if self.pending.load(Ordering::Acquire) == 0 { self.out.flush() } else { Ok(()) }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A writer that shares what it was given.
     #[derive(Clone, Default)]
