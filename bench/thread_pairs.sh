@@ -22,7 +22,6 @@ BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactio
 URL=http://127.0.0.1:18098/api/send-message
 
 threads() { # pid -> one line per thread name: "name ticks" (user and system)
-  local t
   python3 - "$1" <<'PY'
 import glob, re, sys
 total = {}
