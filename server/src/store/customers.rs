@@ -105,24 +105,23 @@ pub struct Instance {
 
 impl FromCols for Instance {
     fn from_cols(r: &impl Cols) -> Result<Instance, StoreError> {
-        Instance::from_prefixed_row(r, "")
+        Ok(Instance {
+            id: r.col("id")?,
+            customer_id: r.col("customer_id")?,
+            name: r.col("name")?,
+            provider: r.col("provider")?,
+            connection_state: r.col("connection_state")?,
+            paused: flag(r.col("paused")?),
+            paused_reason: r.col("paused_reason")?,
+            created_at: r.col("created_at")?,
+        })
     }
 }
 
 impl Instance {
     /// Reads the instance columns named `{prefix}{column}`.
     pub(super) fn from_prefixed_row(r: &impl Cols, prefix: &str) -> Result<Instance, StoreError> {
-        let col = |name: &str| format!("{prefix}{name}");
-        Ok(Instance {
-            id: r.col(&col("id"))?,
-            customer_id: r.col(&col("customer_id"))?,
-            name: r.col(&col("name"))?,
-            provider: r.col(&col("provider"))?,
-            connection_state: r.col(&col("connection_state"))?,
-            paused: flag(r.col(&col("paused"))?),
-            paused_reason: r.col(&col("paused_reason"))?,
-            created_at: r.col(&col("created_at"))?,
-        })
+        Instance::from_cols(&super::rows::Prefixed::new(r, prefix))
     }
 }
 

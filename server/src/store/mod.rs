@@ -562,7 +562,7 @@ impl Store {
                 let mut stmt = conn.prepare_cached(sql)?;
                 bind_dollar(&mut stmt, &params)?;
                 let mut rows = stmt.raw_query();
-                rows.next()?.map(|row| T::from_cols(&Named::new(row))).transpose()
+                rows.next()?.map(|row| T::from_cols(&Named::new(sql, row))).transpose()
             });
         }
         // A read changes nothing, so one that met a connection the database dropped while

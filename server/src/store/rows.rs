@@ -27,35 +27,103 @@ impl Cols for rusqlite::Row<'_> {
     }
 }
 
-/// A SQLite row whose columns are found by name through a map built once. rusqlite
-/// finds a name by comparing it with each column's name in turn, and the send's one
-/// read has about 45 columns: finding them was a fifth of that read's CPU (BENCHMARKS.md).
+/// A SQLite row whose columns are found by name through a map of its statement's columns.
+/// rusqlite finds a name by comparing it with each column's name in turn, and the send's
+/// one read has about 45 columns: finding them was a fifth of that read's CPU. A map
+/// built for each row (with the standard library's SipHash) was still a quarter of it
+/// (BENCHMARKS.md, issue 22, thirtieth session), so each thread keeps the map of each
+/// statement it reads rows of, made at its first row ([`Columns::of`]).
 pub(super) struct Named<'r, 's> {
     row: &'r rusqlite::Row<'s>,
-    index: std::collections::HashMap<&'r str, usize>,
+    columns: std::rc::Rc<Columns>,
+}
+
+/// The columns of one statement.
+pub(super) struct Columns {
+    /// Each name's place: of two columns with one name, the first (as rusqlite finds it).
+    places: rustc_hash::FxHashMap<Box<str>, usize>,
+    count: usize,
+}
+
+/// How many statements' maps a thread keeps; past it the oldest is made again when used.
+const COLUMNS_KEPT: usize = 32;
+
+thread_local! {
+    /// The maps of the statements this thread read rows of, by their SQL, newest last.
+    static KEPT: std::cell::RefCell<Vec<(Box<str>, std::rc::Rc<Columns>)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Columns {
+    fn new(stmt: &rusqlite::Statement<'_>) -> Columns {
+        let mut places = rustc_hash::FxHashMap::default();
+        for i in 0..stmt.column_count() {
+            if let Ok(name) = stmt.column_name(i) {
+                places.entry(name.into()).or_insert(i);
+            }
+        }
+        Columns { places, count: stmt.column_count() }
+    }
+
+    /// The map of `row`'s statement, whose SQL is `sql`: the one this thread keeps, or
+    /// made now and kept. (A kept map with another number of columns, a `*` read again
+    /// after the schema changed, is made again.)
+    fn of(sql: &str, row: &rusqlite::Row<'_>) -> std::rc::Rc<Columns> {
+        let count = row.as_ref().column_count();
+        KEPT.with_borrow_mut(|kept| {
+            if let Some(at) = kept.iter().position(|(kept_sql, _)| **kept_sql == *sql) {
+                if kept[at].1.count == count {
+                    return kept[at].1.clone();
+                }
+                kept.remove(at);
+            }
+            if kept.len() >= COLUMNS_KEPT {
+                kept.remove(0);
+            }
+            let columns = std::rc::Rc::new(Columns::new(row.as_ref()));
+            kept.push((sql.into(), columns.clone()));
+            columns
+        })
+    }
 }
 
 impl<'r, 's> Named<'r, 's> {
-    pub(super) fn new(row: &'r rusqlite::Row<'s>) -> Named<'r, 's> {
-        let stmt = row.as_ref();
-        let mut index = std::collections::HashMap::with_capacity(stmt.column_count());
-        for i in 0..stmt.column_count() {
-            // Of two columns with one name, the first (as rusqlite finds it).
-            if let Ok(name) = stmt.column_name(i) {
-                index.entry(name).or_insert(i);
-            }
-        }
-        Named { row, index }
+    /// `row`, a row of the statement whose SQL is `sql`.
+    pub(super) fn new(sql: &str, row: &'r rusqlite::Row<'s>) -> Named<'r, 's> {
+        Named { row, columns: Columns::of(sql, row) }
     }
 }
 
 impl Cols for Named<'_, '_> {
     fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError> {
-        match self.index.get(name) {
+        match self.columns.places.get(name) {
             Some(&i) => Ok(self.row.get(i)?),
             // Names differing only in case, as rusqlite matches them.
             None => Ok(self.row.get(name)?),
         }
+    }
+}
+
+/// The columns of `row` named `{prefix}{name}`, read by their names without it (a
+/// record's columns under the prefix a join gave them). One buffer makes each name.
+pub(super) struct Prefixed<'a, C> {
+    row: &'a C,
+    prefix: &'a str,
+    name: std::cell::RefCell<String>,
+}
+
+impl<'a, C: Cols> Prefixed<'a, C> {
+    pub(super) fn new(row: &'a C, prefix: &'a str) -> Prefixed<'a, C> {
+        Prefixed { row, prefix, name: std::cell::RefCell::new(String::with_capacity(prefix.len() + 24)) }
+    }
+}
+
+impl<C: Cols> Cols for Prefixed<'_, C> {
+    fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError> {
+        let mut full = self.name.borrow_mut();
+        full.clear();
+        full.push_str(self.prefix);
+        full.push_str(name);
+        self.row.col(&full)
     }
 }
 
@@ -100,15 +168,61 @@ mod tests {
     #[test]
     fn a_named_row_finds_columns_as_rusqlite_does() {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
-        let mut stmt = conn.prepare("SELECT 1 AS a, 2 AS a, 'x' AS Mixed, NULL AS n").unwrap();
+        let sql = "SELECT 1 AS a, 2 AS a, 'x' AS Mixed, NULL AS n, 5 AS i_a";
+        let mut stmt = conn.prepare(sql).unwrap();
         let mut rows = stmt.query([]).unwrap();
         let row = rows.next().unwrap().unwrap();
-        let named = Named::new(row);
+        let named = Named::new(sql, row);
         for (name, expected) in [("a", Some(1_i64)), ("n", None)] {
             assert_eq!(named.col::<Option<i64>>(name).unwrap(), expected, "{name}");
             assert_eq!(row.col::<Option<i64>>(name).unwrap(), expected, "{name}");
         }
         assert_eq!(named.col::<String>("mixed").unwrap(), "x");
         assert!(named.col::<i64>("missing").is_err());
+        let prefixed = Prefixed::new(&named, "i_");
+        assert_eq!(prefixed.col::<i64>("a").unwrap(), 5);
+        assert_eq!(prefixed.col::<i64>("A").unwrap(), 5);
+        assert!(prefixed.col::<i64>("n").is_err());
+    }
+
+    /// A thread keeps one map a statement: a row of another statement gets its own, and
+    /// a row of the first again finds the first's columns where they are.
+    #[test]
+    fn each_statement_keeps_its_own_columns() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let first = "SELECT 1 AS a, 2 AS b";
+        let second = "SELECT 3 AS b, 4 AS a";
+        let value = |sql: &str, name: &str| -> i64 {
+            let mut stmt = conn.prepare(sql).unwrap();
+            let mut rows = stmt.query([]).unwrap();
+            Named::new(sql, rows.next().unwrap().unwrap()).col(name).unwrap()
+        };
+        for _ in 0..2 {
+            assert_eq!((value(first, "a"), value(first, "b")), (1, 2));
+            assert_eq!((value(second, "a"), value(second, "b")), (4, 3));
+        }
+        let many: Vec<String> = (0..COLUMNS_KEPT + 3).map(|n| format!("SELECT {n} AS n{n}, 7 AS a")).collect();
+        for sql in &many {
+            assert_eq!(value(sql, "a"), 7, "{sql}");
+        }
+        assert_eq!(KEPT.with_borrow(Vec::len), COLUMNS_KEPT);
+        assert_eq!((value(first, "a"), value(second, "a")), (1, 4));
+    }
+
+    /// A `*` read again after a column was dropped gets a map of the columns it has now.
+    #[test]
+    fn a_statement_read_after_the_schema_changed_gets_its_columns_again() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (a INTEGER, b INTEGER, c INTEGER); INSERT INTO t VALUES (1, 2, 3)").unwrap();
+        let sql = "SELECT * FROM t";
+        let value = |name: &str| -> Result<i64, StoreError> {
+            let mut stmt = conn.prepare(sql).unwrap();
+            let mut rows = stmt.query([]).unwrap();
+            Named::new(sql, rows.next().unwrap().unwrap()).col(name)
+        };
+        assert_eq!(value("c").unwrap(), 3);
+        conn.execute_batch("ALTER TABLE t DROP COLUMN b").unwrap();
+        assert_eq!(value("c").unwrap(), 3);
+        assert!(value("b").is_err());
     }
 }
