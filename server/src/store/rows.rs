@@ -30,20 +30,19 @@ impl Cols for rusqlite::Row<'_> {
 /// A SQLite row whose columns are found by name through a map of its statement's columns.
 /// rusqlite finds a name by comparing it with each column's name in turn, and the send's
 /// one read has about 45 columns: finding them was a fifth of that read's CPU. A map
-/// built for each row (with the standard library's SipHash) was still a quarter of it
-/// (BENCHMARKS.md, issue 22, thirtieth session), so each thread keeps the map of each
-/// statement it reads rows of, made at its first row ([`Columns::of`]).
+/// built for each row with the standard library's SipHash, and the lookups in it, were
+/// still a quarter of it (BENCHMARKS.md, issue 22, thirtieth session), so each thread
+/// keeps the map of each statement it reads rows of, made at its first row
+/// ([`Columns::of`]; not for a statement that selects `*`, whose columns can move with
+/// the schema).
 pub(super) struct Named<'r, 's> {
     row: &'r rusqlite::Row<'s>,
     columns: std::rc::Rc<Columns>,
 }
 
-/// The columns of one statement.
-pub(super) struct Columns {
-    /// Each name's place: of two columns with one name, the first (as rusqlite finds it).
-    places: rustc_hash::FxHashMap<Box<str>, usize>,
-    count: usize,
-}
+/// The columns of one statement: each name's place (of two columns with one name, the
+/// first, as rusqlite finds it).
+pub(super) struct Columns(rustc_hash::FxHashMap<Box<str>, usize>);
 
 /// How many statements' maps a thread keeps; past it the oldest is made again when used.
 const COLUMNS_KEPT: usize = 32;
@@ -61,29 +60,36 @@ impl Columns {
                 places.entry(name.into()).or_insert(i);
             }
         }
-        Columns { places, count: stmt.column_count() }
+        Columns(places)
     }
 
     /// The map of `row`'s statement, whose SQL is `sql`: the one this thread keeps, or
-    /// made now and kept. (A kept map with another number of columns, a `*` read again
-    /// after the schema changed, is made again.)
+    /// made now (and kept, unless the statement selects `*`).
     fn of(sql: &str, row: &rusqlite::Row<'_>) -> std::rc::Rc<Columns> {
-        let count = row.as_ref().column_count();
         KEPT.with_borrow_mut(|kept| {
-            if let Some(at) = kept.iter().position(|(kept_sql, _)| **kept_sql == *sql) {
-                if kept[at].1.count == count {
-                    return kept[at].1.clone();
-                }
-                kept.remove(at);
-            }
-            if kept.len() >= COLUMNS_KEPT {
-                kept.remove(0);
+            if let Some((_, columns)) = kept.iter().find(|(kept_sql, _)| **kept_sql == *sql) {
+                return columns.clone();
             }
             let columns = std::rc::Rc::new(Columns::new(row.as_ref()));
-            kept.push((sql.into(), columns.clone()));
+            if !selects_star(sql) {
+                if kept.len() >= COLUMNS_KEPT {
+                    kept.remove(0);
+                }
+                kept.push((sql.into(), columns.clone()));
+            }
             columns
         })
     }
+}
+
+/// Whether `sql` may select `*` (or `t.*`): any `*` but `COUNT(*)`'s (a product too,
+/// which costs only the keeping of its map). When a schema change makes SQLite compile
+/// such a statement again, its columns are the tables' new ones, which can keep their
+/// number and change their places (a column dropped, another added), so its map is made
+/// for each row. A statement that names its columns has them where its text puts them
+/// for as long as it compiles.
+fn selects_star(sql: &str) -> bool {
+    sql.match_indices('*').any(|(at, _)| !sql[..at].ends_with('('))
 }
 
 impl<'r, 's> Named<'r, 's> {
@@ -95,7 +101,7 @@ impl<'r, 's> Named<'r, 's> {
 
 impl Cols for Named<'_, '_> {
     fn col<T: ColType>(&self, name: &str) -> Result<T, StoreError> {
-        match self.columns.places.get(name) {
+        match self.columns.0.get(name) {
             Some(&i) => Ok(self.row.get(i)?),
             // Names differing only in case, as rusqlite matches them.
             None => Ok(self.row.get(name)?),
@@ -209,20 +215,29 @@ mod tests {
         assert_eq!((value(first, "a"), value(second, "a")), (1, 4));
     }
 
-    /// A `*` read again after a column was dropped gets a map of the columns it has now.
+    /// A `*` read again after the schema changed (a column dropped, another added: as
+    /// many columns, in other places) finds each column where it is now.
     #[test]
-    fn a_statement_read_after_the_schema_changed_gets_its_columns_again() {
+    fn a_statement_of_star_finds_its_columns_after_the_schema_changed() {
         let conn = rusqlite::Connection::open_in_memory().unwrap();
         conn.execute_batch("CREATE TABLE t (a INTEGER, b INTEGER, c INTEGER); INSERT INTO t VALUES (1, 2, 3)").unwrap();
         let sql = "SELECT * FROM t";
-        let value = |name: &str| -> Result<i64, StoreError> {
-            let mut stmt = conn.prepare(sql).unwrap();
+        let value = |name: &str| -> Result<Option<i64>, StoreError> {
+            let mut stmt = conn.prepare_cached(sql).unwrap();
             let mut rows = stmt.query([]).unwrap();
             Named::new(sql, rows.next().unwrap().unwrap()).col(name)
         };
-        assert_eq!(value("c").unwrap(), 3);
-        conn.execute_batch("ALTER TABLE t DROP COLUMN b").unwrap();
-        assert_eq!(value("c").unwrap(), 3);
+        assert_eq!(value("c").unwrap(), Some(3));
+        conn.execute_batch("ALTER TABLE t DROP COLUMN b; ALTER TABLE t ADD COLUMN d INTEGER").unwrap();
+        assert_eq!(value("c").unwrap(), Some(3));
+        assert_eq!(value("d").unwrap(), None);
         assert!(value("b").is_err());
+    }
+
+    #[test]
+    fn star_is_told_from_count() {
+        assert!(selects_star("SELECT * FROM t"));
+        assert!(selects_star("SELECT t.*, COUNT(*) FROM t"));
+        assert!(!selects_star("SELECT a, (SELECT COUNT(*) FROM u) AS n FROM t"));
     }
 }
