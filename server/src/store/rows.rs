@@ -88,7 +88,7 @@ impl Columns {
 /// number and change their places (a column dropped, another added), so its map is made
 /// for each row. A statement that names its columns has them where its text puts them
 /// for as long as it compiles.
-fn selects_star(sql: &str) -> bool {
+pub(super) fn selects_star(sql: &str) -> bool {
     sql.match_indices('*').any(|(at, _)| !sql[..at].ends_with('('))
 }
 

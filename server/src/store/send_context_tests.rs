@@ -184,3 +184,13 @@ fn the_batch_reads_the_counters_of_the_pacing_scopes() {
     assert_eq!(BATCHED.recipient_hour, quoted(PacingScopes::RECIPIENT_HOUR));
     assert_eq!(BATCHED.new_recipient_day, quoted(PacingScopes::NEW_RECIPIENT_DAY));
 }
+
+/// The send's reads on SQLite name their columns, so each thread keeps their maps of
+/// columns (`rows::Columns`): a `*` in them would have each row build its map again,
+/// a quarter of the read's CPU (BENCHMARKS.md, issue 22, thirtieth session).
+#[test]
+fn the_sends_reads_keep_their_maps_of_columns() {
+    for sql in SEND_CONTEXT_SQL.iter().chain(SEND_FRESH_SQL.iter()) {
+        assert!(!crate::store::rows::selects_star(sql), "{sql}");
+    }
+}
