@@ -1,8 +1,9 @@
-# Shared by the bench scripts (sourced, from the repository root): release binaries,
-# a work directory removed at exit (kept with KEEP=1), the loopback port wait, and a
-# fresh PostgreSQL database for a run.
+# Shared by the bench scripts (sourced, from the repository root): release binaries
+# (built first; NO_BUILD=1 measures the ones already built), a work directory removed at
+# exit (kept with KEEP=1), the loopback port wait, and a fresh PostgreSQL database for a
+# run.
 PG_ADMIN=${PG_ADMIN:-postgres://postgres@127.0.0.1:5432/postgres}
-cargo build --release -q -p gateway-server --bin gateway --example echo --example openloop
+[ -n "${NO_BUILD:-}" ] || cargo build --release -q -p gateway-server --bin gateway --example echo --example openloop
 BIN=target/release
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
