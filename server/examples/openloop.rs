@@ -34,8 +34,10 @@ async fn main() {
     // A thread of its own keeps the times. tokio's timer rounds every deadline up to its
     // next millisecond tick, so each request left up to 1 ms after it was due, and that
     // wait was charged to the answer: against the bare echo this tool measured a p50 of
-    // 1.0 to 1.2 ms and a p99 of 2 ms (BENCHMARKS.md, issue 22). `thread::sleep` wakes
-    // within the kernel's timer slack (50 µs) of the time asked.
+    // 1.0 to 1.7 ms and a p99 of 1.8 to 2.5 ms (BENCHMARKS.md, issue 22, thirty-first
+    // session). `thread::sleep` wakes within the kernel's timer slack (50 µs) of the time
+    // asked.
+    //
     // How late the thread itself woke is kept too: on a virtual machine whose host
     // stalls it for milliseconds, every request due in the stall is late, and the line
     // says so beside the percentiles.
