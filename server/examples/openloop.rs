@@ -91,22 +91,23 @@ async fn main() {
     }
     let elapsed = start.elapsed().as_secs_f64();
     let mut late = pacer.join().expect("the pacing thread");
+    latencies.sort_unstable();
+    late.sort_unstable();
     println!(
         "offered {rate:.0}/s answered {:.0}/s non-2xx {failed} p50 {:.1} ms p90 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms; \
          the pacer woke late by: p99.9 {:.1} ms max {:.1} ms",
         total as f64 / elapsed,
-        quantile(&mut latencies, 0.50),
-        quantile(&mut latencies, 0.90),
-        quantile(&mut latencies, 0.99),
-        quantile(&mut latencies, 0.999),
-        quantile(&mut latencies, 1.0),
-        quantile(&mut late, 0.999),
-        quantile(&mut late, 1.0)
+        quantile(&latencies, 0.50),
+        quantile(&latencies, 0.90),
+        quantile(&latencies, 0.99),
+        quantile(&latencies, 0.999),
+        quantile(&latencies, 1.0),
+        quantile(&late, 0.999),
+        quantile(&late, 1.0)
     );
 }
 
-/// The `q` quantile of `values` in milliseconds (sorts them).
-fn quantile(values: &mut [Duration], q: f64) -> f64 {
-    values.sort_unstable();
-    values[((values.len() as f64 * q) as usize).min(values.len() - 1)].as_secs_f64() * 1e3
+/// The `q` quantile of `sorted` in milliseconds.
+fn quantile(sorted: &[Duration], q: f64) -> f64 {
+    sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)].as_secs_f64() * 1e3
 }
