@@ -672,6 +672,26 @@ mod tests {
         assert!(!options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"), "{options:?}");
     }
 
+    /// A store an operator ran `ANALYZE` on keeps its statements compiled: a statement
+    /// whose parameter meets an indexed column is not compiled again for each value bound
+    /// to it (with SQLite's STAT4 statistics it was, for every send; `.cargo/config.toml`).
+    #[test]
+    fn statistics_do_not_make_a_statement_compile_again_for_each_value() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE t (k TEXT NOT NULL, v INTEGER NOT NULL); CREATE INDEX t_k ON t (k);
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
+             INSERT INTO t SELECT CASE WHEN i % 10 = 0 THEN 'k' || i ELSE 'common' END, i FROM n;
+             ANALYZE;",
+        )
+        .unwrap();
+        let mut stmt = conn.prepare_cached("SELECT COUNT(*) FROM t WHERE k = $1").unwrap();
+        for (k, n) in [("common", 1800), ("k10", 1), ("common", 1800), ("absent", 0)] {
+            assert_eq!(stmt.query_row([k], |r| r.get::<_, i64>(0)).unwrap(), n);
+        }
+        assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0);
+    }
+
     #[tokio::test]
     async fn two_processes_opening_a_new_sqlite_file_at_once_take_turns_migrating() {
         let dir = tempfile::tempdir().unwrap();
