@@ -10,12 +10,14 @@ trap 'kill $(jobs -p) 2>/dev/null || true; [ -n "${KEEP:-}" ] || rm -rf "$work"'
 
 wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
 
-# Prints the URL of a new, empty database gw_bench (dropped again by pg_drop).
+# Prints the URL of a new, empty database $1 (default gw_bench; dropped again by pg_drop
+# with the same name).
 pg_fresh() {
-  psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" -c "CREATE DATABASE gw_bench" >/dev/null 2>&1
-  echo "${PG_ADMIN%/*}/gw_bench"
+  local name=${1:-gw_bench}
+  psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS $name WITH (FORCE)" -c "CREATE DATABASE $name" >/dev/null 2>&1
+  echo "${PG_ADMIN%/*}/$name"
 }
-pg_drop() { psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS gw_bench WITH (FORCE)" >/dev/null 2>&1; }
+pg_drop() { psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS ${1:-gw_bench} WITH (FORCE)" >/dev/null 2>&1; }
 
 # A demo tenant made by gateway binary $1 on database $2, its limits lifted so that quota
 # and velocity never refuse; sets key (its API key) and cus (its customer id), which the
