@@ -9,6 +9,7 @@
 #
 #   STORES=sqlite ROWS=5000000 ROUNDS=4 bench/flat.sh     # needs wrk (Debian)
 #   GW_BIN=/tmp/gateway-base NO_BUILD=1 bench/flat.sh      # another build, nothing built
+#   SCALE_BIN=/tmp/scale-base ...     # another seeder (its SQLite writes the statistics)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8}
@@ -19,8 +20,10 @@ STORES=${STORES:-sqlite postgres}
 . bench/common.sh
 [ -n "${NO_BUILD:-}" ] || cargo build --release -q -p gateway-sdk-tests --example scale
 GW=${GW_BIN:-$BIN/gateway}
+SCALE=${SCALE_BIN:-$BIN/examples/scale}
 BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactional","message":"Your code is 123456"}'
-trap 'kill $(jobs -p) 2>/dev/null || true; pg_drop gw_flat_empty; pg_drop gw_flat_big; [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; pg_drop gw_flat_empty || true; pg_drop gw_flat_big || true
+  [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 
 one() { # label database_url api_key port -> prints one line
   local label=$1 db=$2 api_key=$3 port=$4 c0 c1 p0 p1 rps p99 pg=""
@@ -29,6 +32,7 @@ one() { # label database_url api_key port -> prints one line
   c0=$(cpu_ticks $pid); p0=$(pg_ticks)
   rps=$(API_KEY=$api_key wrk -t1 -c32 -d${DURATION}s -s bench/send.lua "http://127.0.0.1:$port/api/send-message" |
     awk '/Requests\/sec/ {print $2}')
+  [ -n "$rps" ] || { echo "$label: wrk gave no rate" >&2; exit 1; }
   c1=$(cpu_ticks $pid); p1=$(pg_ticks)
   p99=$(API_KEY=$api_key "$BIN/examples/openloop" "http://127.0.0.1:$port/api/send-message" 1000 "$DURATION" "$BODY" |
     awk '{for (i = 1; i < NF; i++) if ($i == "p99") p = $(i + 1); print p, "ms (the pacer late by at most", $(NF - 1), "ms)"}')
@@ -48,7 +52,7 @@ for store in $STORES; do
   demo_tenant "$GW" "$empty"; key_empty=$key
   demo_tenant "$GW" "$big"; key_big=$key
   start=$(date +%s)
-  "$BIN/examples/scale" seed "$big" "$ROWS" "$CUSTOMERS" >/dev/null 2>"$work/seed.err" || { cat "$work/seed.err"; exit 1; }
+  "$SCALE" seed "$big" "$ROWS" "$CUSTOMERS" >/dev/null 2>"$work/seed.err" || { cat "$work/seed.err"; exit 1; }
   echo "### $store: empty, and $ROWS rows over $CUSTOMERS customers (seeded in $(($(date +%s) - start)) s)"
   rm -f "$work/empty.rates" "$work/big.rates"
   for round in $(seq 1 "$ROUNDS"); do

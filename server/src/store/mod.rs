@@ -37,6 +37,7 @@ mod privacy;
 pub mod retention;
 mod rows;
 mod send_context;
+mod sqlite;
 #[cfg(test)]
 mod test_postgres;
 mod webhooks;
@@ -53,6 +54,10 @@ pub mod keyed_statements {
 
 use rows::Named;
 pub(crate) use rows::{Cols, Forget, FromCols};
+use sqlite::SqliteReaders;
+pub(crate) use sqlite::{
+    Bound, SQLITE_STATEMENTS_KEPT, bind_dollar, bound_int, bound_opt, bound_text, is_sqlite_busy, owned, sqlite_insert,
+};
 
 pub use attempts::{Began, Begin, Finish, ORPHAN_REASON};
 pub use cache::TTL as CACHE_TTL;
@@ -79,7 +84,7 @@ use rusqlite::types::Value as SqlValue;
 use sqlx::any::{AnyPoolOptions, install_default_drivers};
 use sqlx::{Any, AnyPool, Executor, Row};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Which database the store runs on.
@@ -154,11 +159,6 @@ fn dropped_connection(e: &sqlx::Error) -> bool {
         || e.as_database_error().and_then(|d| d.code()).is_some_and(|c| connection_lost_code(&c))
 }
 
-/// SQLITE_BUSY or SQLITE_LOCKED: another process holds the file.
-pub(crate) fn is_sqlite_busy(e: &rusqlite::Error) -> bool {
-    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy) | Some(rusqlite::ErrorCode::DatabaseLocked))
-}
-
 /// Handle to the database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -180,126 +180,6 @@ pub struct Store {
     lease: Arc<std::sync::atomic::AtomicI64>,
 }
 
-/// How many compiled statements a SQLite connection keeps (`prepare_cached`), by their
-/// text; rusqlite keeps 16 and evicts the least recently used. The writer runs every
-/// write of the gateway: a keyed send's begin and settle, a PBX event's admission and the
-/// periodic jobs' writes are more than 16 statements, so under a mixed load the writer
-/// compiled statements again and again (BENCHMARKS.md, issue 22, twentieth session).
-/// The gateway's statements are a fixed set of a few dozen (each a constant, but for
-/// the counters' upsert, one for each number of counters), so none is compiled twice.
-pub(crate) const SQLITE_STATEMENTS_KEPT: usize = 256;
-
-/// Idle read-only SQLite connections. A send path read is an indexed point lookup of a
-/// few microseconds that a WAL reader never waits for, so it runs inline on the calling
-/// task: sqlx's SQLite driver would hand each query to a worker thread and back, which
-/// costs more than the query.
-struct SqliteReaders {
-    path: PathBuf,
-    idle: Mutex<Vec<rusqlite::Connection>>,
-}
-
-impl SqliteReaders {
-    const MAX_IDLE: usize = 8;
-
-    /// A new reader connection.
-    fn open(&self) -> Result<rusqlite::Connection, StoreError> {
-        let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = rusqlite::Connection::open_with_flags(&self.path, flags)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.set_prepared_statement_cache_capacity(SQLITE_STATEMENTS_KEPT);
-        Ok(conn)
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&rusqlite::Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let conn = match idle {
-            Some(conn) => conn,
-            None => self.open()?,
-        };
-        let result = f(&conn);
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < Self::MAX_IDLE {
-            idle.push(conn);
-        }
-        result
-    }
-}
-
-/// Inserts one row in a SQLite transaction (`sql` with `$n` parameters, no `RETURNING`)
-/// and gives its id, the rowid of a table keyed by `INTEGER PRIMARY KEY`. Not read with
-/// `RETURNING`: SQLite gathers a statement's returned rows in a table of their own, about
-/// 2.7 µs a statement on the writer's hot path (BENCHMARKS.md, issue 22, eighteenth
-/// session). `what` names the row in the error when none was written.
-pub(crate) fn sqlite_insert<V: rusqlite::ToSql>(
-    tx: &rusqlite::Transaction<'_>,
-    sql: &str,
-    values: &[V],
-    what: &str,
-) -> Result<i64, StoreError> {
-    let mut insert = tx.prepare_cached(sql)?;
-    bind_dollar(&mut insert, values)?;
-    if insert.raw_execute()? != 1 {
-        return Err(StoreError::Conflict(format!("{what} was not written")));
-    }
-    Ok(tx.last_insert_rowid())
-}
-
-/// A value for `bind_dollar` that borrows its text where it lies: the send path's
-/// writes bind their rows' fields this way rather than copying each into a `SqlValue`
-/// (a dozen allocations a write on the SQLite writer's thread: BENCHMARKS.md, issue 22).
-pub(crate) type Bound<'a> = rusqlite::types::ToSqlOutput<'a>;
-
-/// Text bound where it lies.
-pub(crate) fn bound_text(s: &str) -> Bound<'_> {
-    Bound::Borrowed(rusqlite::types::ValueRef::Text(s.as_bytes()))
-}
-
-/// Text bound where it lies, or NULL.
-pub(crate) fn bound_opt(s: &Option<String>) -> Bound<'_> {
-    s.as_deref().map_or(Bound::Borrowed(rusqlite::types::ValueRef::Null), bound_text)
-}
-
-/// An integer, or NULL.
-pub(crate) fn bound_int(n: Option<i64>) -> Bound<'static> {
-    n.map_or(Bound::Borrowed(rusqlite::types::ValueRef::Null), |n| Bound::Owned(SqlValue::Integer(n)))
-}
-
-/// A bound value as an owned one (for a `Statement` that outlives what it was read from).
-pub(crate) fn owned(b: Bound<'_>) -> SqlValue {
-    match b {
-        Bound::Borrowed(v) => v.into(),
-        Bound::Owned(v) => v,
-        // `ToSqlOutput`'s other forms (zero blobs, arrays, ...) are made by none of
-        // the functions above.
-        _ => SqlValue::Null,
-    }
-}
-
-/// Binds `values[i]` to `$i+1` by name. SQLite numbers `$n` parameters in the order
-/// they first appear in the text, not by `n`, so positional binding would be wrong for
-/// a query that mentions `$3` before `$1`. Each parameter's name is read back from the
-/// statement and parsed: looking each `$n` up by a formatted name cost 7 % of the
-/// SQLite writer's time (BENCHMARKS.md, issue 22).
-pub(crate) fn bind_dollar<V: rusqlite::ToSql>(
-    stmt: &mut rusqlite::Statement<'_>,
-    values: &[V],
-) -> Result<(), StoreError> {
-    let mut bound = 0;
-    for index in 1..=stmt.parameter_count() {
-        let n = stmt.parameter_name(index).and_then(|name| name.strip_prefix('$')?.parse::<usize>().ok());
-        if let Some(value) = n.and_then(|n| values.get(n.checked_sub(1)?)) {
-            stmt.raw_bind_parameter(index, value)?;
-            bound += 1;
-        }
-    }
-    // Names are distinct (SQLite gives a repeated name its first index), so every value
-    // found its parameter exactly when as many were bound as there are values.
-    if bound != values.len() {
-        return Err(StoreError::Conflict(format!("query has {bound} of the {} parameters given", values.len())));
-    }
-    Ok(())
-}
-
 /// Binds values to an sqlx query (one list of values serves both drivers).
 pub(crate) fn bind_all<'q>(
     mut query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
@@ -317,7 +197,6 @@ pub(crate) fn bind_all<'q>(
     query
 }
 
-/// Current time in Unix milliseconds.
 /// How SQLite commits: `Full` syncs the WAL at every commit (a group commit pays one
 /// sync for its whole batch), so an acknowledged write survives an OS crash or power
 /// loss; `Normal` syncs only at checkpoints (faster; the last commits may be lost on
@@ -372,6 +251,7 @@ impl StoreOptions {
     }
 }
 
+/// Current time in Unix milliseconds.
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
@@ -436,8 +316,7 @@ impl Store {
                 let read = pool().max_connections(max).connect(url).await?;
                 let path = writer::sqlite_path(url).ok_or_else(|| StoreError::UnsupportedUrl(url.to_string()))?;
                 let writer = Arc::new([writer::spawn_sqlite(path.clone(), options, log)?]);
-                let idle = Mutex::new(Vec::new());
-                let sqlite_readers = Some(Arc::new(SqliteReaders { path, idle }));
+                let sqlite_readers = Some(Arc::new(SqliteReaders::new(path)));
                 let (cache, url) = (Arc::default(), url.into());
                 let lease = Arc::default();
                 Ok(Store { read, write, backend, writer, sqlite_readers, send_reads: None, cache, url, lease })
@@ -643,55 +522,6 @@ fn flag(n: i64) -> bool {
 mod tests {
     use super::*;
 
-    /// `$n` is bound to `values[n-1]` wherever it first appears and however often it
-    /// is repeated; a value without its parameter is an error.
-    #[test]
-    fn dollar_parameters_are_bound_by_their_number_not_their_place() {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        let mut stmt = conn.prepare("SELECT $3, $1, $3 || $2").unwrap();
-        let values = [SqlValue::Text("a".into()), SqlValue::Text("b".into()), SqlValue::Text("c".into())];
-        bind_dollar(&mut stmt, &values).unwrap();
-        let mut rows = stmt.raw_query();
-        let row = rows.next().unwrap().unwrap();
-        let got: (String, String, String) = (row.get(0).unwrap(), row.get(1).unwrap(), row.get(2).unwrap());
-        assert_eq!(got, ("c".into(), "a".into(), "cb".into()));
-        drop(rows);
-        let mut short = conn.prepare("SELECT $1, $2").unwrap();
-        assert!(bind_dollar(&mut short, &values).is_err(), "$3 has no parameter");
-    }
-
-    /// SQLite as `.cargo/config.toml` builds it: no memory statistics and no shared page
-    /// cache (both a process-wide mutex every connection took; BENCHMARKS.md). A build
-    /// that lost the flags (another `LIBSQLITE3_FLAGS`, a system SQLite) fails here.
-    #[test]
-    fn sqlite_is_built_without_process_wide_locks_on_memory() {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        let mut stmt = conn.prepare("PRAGMA compile_options").unwrap();
-        let options: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
-        assert!(options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"), "{options:?}");
-        assert!(!options.iter().any(|o| o == "ENABLE_MEMORY_MANAGEMENT"), "{options:?}");
-    }
-
-    /// A store an operator ran `ANALYZE` on keeps its statements compiled: a statement
-    /// whose parameter meets an indexed column is not compiled again for each value bound
-    /// to it (with SQLite's STAT4 statistics it was, for every send; `.cargo/config.toml`).
-    #[test]
-    fn statistics_do_not_make_a_statement_compile_again_for_each_value() {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        conn.execute_batch(
-            "CREATE TABLE t (k TEXT NOT NULL, v INTEGER NOT NULL); CREATE INDEX t_k ON t (k);
-             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2000)
-             INSERT INTO t SELECT CASE WHEN i % 10 = 0 THEN 'k' || i ELSE 'common' END, i FROM n;
-             ANALYZE;",
-        )
-        .unwrap();
-        let mut stmt = conn.prepare_cached("SELECT COUNT(*) FROM t WHERE k = $1").unwrap();
-        for (k, n) in [("common", 1800), ("k10", 1), ("common", 1800), ("absent", 0)] {
-            assert_eq!(stmt.query_row([k], |r| r.get::<_, i64>(0)).unwrap(), n);
-        }
-        assert_eq!(stmt.get_status(rusqlite::StatementStatus::RePrepare), 0);
-    }
-
     #[tokio::test]
     async fn two_processes_opening_a_new_sqlite_file_at_once_take_turns_migrating() {
         let dir = tempfile::tempdir().unwrap();
@@ -700,16 +530,5 @@ mod tests {
         for result in futures::future::join_all(opens).await {
             result.expect("every opener migrates or finds it done");
         }
-    }
-
-    #[test]
-    fn dollar_parameters_bind_by_number_not_by_position_in_the_text() {
-        let conn = rusqlite::Connection::open_in_memory().unwrap();
-        let mut stmt = conn.prepare("SELECT $3 AS c, $1 AS a, $2 AS b").unwrap();
-        bind_dollar(&mut stmt, &[SqlValue::Integer(1), SqlValue::Integer(2), SqlValue::Integer(3)]).unwrap();
-        let mut rows = stmt.raw_query();
-        let row = rows.next().unwrap().unwrap();
-        let got: (i64, i64, i64) = (row.get("a").unwrap(), row.get("b").unwrap(), row.get("c").unwrap());
-        assert_eq!(got, (1, 2, 3));
     }
 }

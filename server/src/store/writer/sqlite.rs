@@ -199,7 +199,7 @@ mod tests {
         let path = dir.path().join("kept.db");
         let writer = sqlite_writer_connection(&path, StoreOptions::default()).unwrap();
         assert!(keeps_a_hundred_statements(&writer), "the writer's connection");
-        let readers = crate::store::SqliteReaders { path, idle: Default::default() };
+        let readers = crate::store::SqliteReaders::new(path);
         assert!(keeps_a_hundred_statements(&readers.open().unwrap()), "a reader's connection");
         // What rusqlite keeps by itself: the sixteen most recently used.
         let plain = rusqlite::Connection::open_in_memory().unwrap();
