@@ -10,6 +10,7 @@
 #   STORES=sqlite ROWS=5000000 ROUNDS=4 bench/flat.sh     # needs wrk (Debian)
 #   GW_BIN=/tmp/gateway-base NO_BUILD=1 bench/flat.sh      # another build, nothing built
 #   SCALE_BIN=/tmp/scale-base ...     # another seeder (its SQLite writes the statistics)
+# GW_BIN and SCALE_BIN are absolute paths (the script runs from the repository's root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${DURATION:-8}
@@ -22,7 +23,7 @@ STORES=${STORES:-sqlite postgres}
 GW=${GW_BIN:-$BIN/gateway}
 SCALE=${SCALE_BIN:-$BIN/examples/scale}
 BODY='{"instance_id":"demo","phone":"+14155550123","message_purpose":"transactional","message":"Your code is 123456"}'
-trap 'kill $(jobs -p) 2>/dev/null || true; pg_drop gw_flat_empty || true; pg_drop gw_flat_big || true
+trap 'kill $(jobs -p) 2>/dev/null || true; [ -z "${pg_used:-}" ] || { pg_drop gw_flat_empty; pg_drop gw_flat_big; } || true
   [ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
 
 one() { # label database_url api_key port -> prints one line
@@ -32,7 +33,7 @@ one() { # label database_url api_key port -> prints one line
   c0=$(cpu_ticks $pid); p0=$(pg_ticks)
   rps=$(API_KEY=$api_key wrk -t1 -c32 -d${DURATION}s -s bench/send.lua "http://127.0.0.1:$port/api/send-message" |
     awk '/Requests\/sec/ {print $2}')
-  [ -n "$rps" ] || { echo "$label: wrk gave no rate" >&2; exit 1; }
+  awk -v r="${rps:-0}" 'BEGIN { exit !(r + 0 > 0) }' || { echo "$label: wrk gave no rate" >&2; exit 1; }
   c1=$(cpu_ticks $pid); p1=$(pg_ticks)
   p99=$(API_KEY=$api_key "$BIN/examples/openloop" "http://127.0.0.1:$port/api/send-message" 1000 "$DURATION" "$BODY" |
     awk '{for (i = 1; i < NF; i++) if ($i == "p99") p = $(i + 1); print p, "ms (the pacer late by at most", $(NF - 1), "ms)"}')
@@ -46,7 +47,7 @@ one() { # label database_url api_key port -> prints one line
 for store in $STORES; do
   case $store in
     sqlite) empty="sqlite://$work/empty.db?mode=rwc" big="sqlite://$work/big.db?mode=rwc" ;;
-    postgres) empty=$(pg_fresh gw_flat_empty) big=$(pg_fresh gw_flat_big) ;;
+    postgres) pg_used=1 empty=$(pg_fresh gw_flat_empty) big=$(pg_fresh gw_flat_big) ;;
   esac
   key= cus=
   demo_tenant "$GW" "$empty"; key_empty=$key
@@ -68,5 +69,5 @@ empty, big = ([float(x) for x in open(p)] for p in sys.argv[1:3])
 pairs = [b / e for e, b in zip(empty, big)]
 print("big ÷ empty, each round:", ", ".join(f"{r:.2f}" for r in pairs), f"(median {statistics.median(pairs):.2f})")
 PY
-  if [ "$store" = postgres ]; then pg_drop gw_flat_empty; pg_drop gw_flat_big; fi
+  if [ "$store" = postgres ]; then pg_drop gw_flat_empty || true; pg_drop gw_flat_big || true; fi
 done

@@ -1,6 +1,7 @@
 //! SQLite's own connections: the send path's readers, the statements each connection
 //! keeps, `$n` parameters bound by their number, and values bound where they lie. The
-//! writer's connection is `writer::sqlite`'s; sqlx's pools serve everything else.
+//! writer's connection is `writer::sqlite`'s, and `Store::backup_to` opens one for its
+//! `VACUUM INTO`; sqlx's pools serve everything else.
 
 use super::StoreError;
 use rusqlite::types::Value as SqlValue;
