@@ -57,6 +57,14 @@ pg_ticks() {
 }
 per_request() { python3 -c "print(round($1 / $(getconf CLK_TCK) / ($2 * $DURATION) * 1e6))"; }
 
+# The p99 of sends to URL with API_KEY at 1,000 req/s offered for DURATION s (the
+# open-loop generator, server/examples/openloop.rs), and the latest its own pacing woke:
+# a run the machine stalled. Prints "P ms (the pacer late by at most M ms)".
+p99_at_1000() { # url api_key body
+  API_KEY=$2 "$BIN/examples/openloop" "$1" 1000 "$DURATION" "$3" |
+    awk '{for (i = 1; i < NF; i++) if ($i == "p99") p = $(i + 1); print p, "ms (the pacer late by at most", $(NF - 1), "ms)"}'
+}
+
 # Starts gateway binary $1 on database $2 at 127.0.0.1:$3 as the send benchmarks run it:
 # the purpose and content modules of policies/dist decide, the simulator's delivery
 # reports are off, the log goes to the work directory. Waits for the port; the caller

@@ -22,9 +22,7 @@ measure() { # name url key
   local name=$1 url=$2 key=$3
   local rps p99
   rps=$(API_KEY=$key wrk -t1 -c32 -d${DURATION}s -s bench/send.lua "$url" | awk '/Requests\/sec/ {print $2}')
-  # The p99, and the latest the generator's own pacing woke: a run the machine stalled.
-  p99=$(API_KEY=$key "$BIN/examples/openloop" "$url" 1000 "$DURATION" "$BODY" |
-    awk '{for (i = 1; i < NF; i++) if ($i == "p99") p = $(i + 1); print p, "ms (the pacer late by at most", $(NF - 1), "ms)"}')
+  p99=$(p99_at_1000 "$url" "$key" "$BODY")
   printf '%-28s %10s req/s   p99 at 1000 req/s: %s\n' "$name" "$rps" "$p99"
 }
 

@@ -3,9 +3,10 @@
 # store and on a store holding ROWS message-log rows (seeded as bench/scale.sh seeds
 # them: CUSTOMERS customers over 90 days, with their events, delivery reports, contacts,
 # webhook attempts and inbound messages, then ANALYZE), alternated ROUNDS times so that
-# the machine's drift falls on both sides. Each run: wrk -t1 -c32 for DURATION s (a text send of the demo
-# tenant, the purpose and content modules, limits lifted), then the open-loop generator's
-# p99 at 1,000 req/s; the gateway's CPU a send, and PostgreSQL's (its server processes).
+# the machine's drift falls on both sides. Each run: wrk -t1 -c32 for DURATION s (a text
+# send of the demo tenant, the purpose and content modules, limits lifted), then the
+# open-loop generator's p99 at 1,000 req/s; the gateway's CPU a send, and PostgreSQL's
+# (its server processes).
 #
 #   STORES=sqlite ROWS=5000000 ROUNDS=4 bench/flat.sh     # needs wrk (Debian)
 #   GW_BIN=/tmp/gateway-base NO_BUILD=1 bench/flat.sh      # another build, nothing built
@@ -35,8 +36,7 @@ one() { # label database_url api_key port -> prints one line
     awk '/Requests\/sec/ {print $2}')
   awk -v r="${rps:-0}" 'BEGIN { exit !(r + 0 > 0) }' || { echo "$label: wrk gave no rate" >&2; exit 1; }
   c1=$(cpu_ticks $pid); p1=$(pg_ticks)
-  p99=$(API_KEY=$api_key "$BIN/examples/openloop" "http://127.0.0.1:$port/api/send-message" 1000 "$DURATION" "$BODY" |
-    awk '{for (i = 1; i < NF; i++) if ($i == "p99") p = $(i + 1); print p, "ms (the pacer late by at most", $(NF - 1), "ms)"}')
+  p99=$(p99_at_1000 "http://127.0.0.1:$port/api/send-message" "$api_key" "$BODY")
   if [ "$store" = postgres ]; then pg=", PostgreSQL $(per_request $((p1 - p0)) "$rps") µs"; fi
   printf '%-6s %10s req/s (CPU a send: the gateway %s µs%s)   p99 at 1000 req/s: %s\n' \
     "$label" "$rps" "$(per_request $((c1 - c0)) "$rps")" "$pg" "$p99"
