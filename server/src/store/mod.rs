@@ -36,6 +36,8 @@ mod policy_inputs;
 mod privacy;
 pub mod retention;
 mod rows;
+#[cfg(test)]
+mod schema_tests;
 mod send_context;
 mod sqlite;
 #[cfg(test)]

@@ -1,0 +1,14 @@
+-- The delivery watchdog reads a range of the message log's times (message_log_created);
+-- the index 0005_ingress.sql made for it, (status, ack_checked_at, created_at), is
+-- dropped. Keep in step with sqlite/0017_no_ack_index.sql.
+--
+-- Every send wrote that index twice: an entry for its attempt's row (status 'pending')
+-- and another for the settle's row version (status 'sent'; the settle changes indexed
+-- columns, so it is never a HOT update). On SQLite the same index cost each commit of the
+-- writer about 2.5 pages of WAL (BENCHMARKS.md, issue 22). It narrowed the watchdog's
+-- read by nothing that matters: a message the provider acknowledged keeps status 'sent'
+-- and ack_checked_at NULL, so the index held every sent message of the window just as the
+-- time index does, and both read each row's columns from the table. No page needed it:
+-- each page of the dashboard and the operator's console was timed at a million rows with
+-- it and without it (BENCHMARKS.md).
+DROP INDEX message_log_ack;

@@ -1,0 +1,14 @@
+-- The delivery watchdog reads a range of the message log's times (message_log_created);
+-- the index 0004_ingress.sql made for it, (status, ack_checked_at, created_at), is
+-- dropped. Keep in step with postgres/0025_no_ack_index.sql.
+--
+-- Every send wrote that index twice: an entry at its attempt (status 'pending') and
+-- another at its settle (status 'sent'), at two different ends of the index, so each
+-- commit of the writer wrote about 2.5 more pages to the WAL (BENCHMARKS.md, "The message
+-- log's pages a commit", issue 22). It narrowed the watchdog's read by nothing that
+-- matters: a message the provider acknowledged keeps status 'sent' and ack_checked_at
+-- NULL, so the index held every sent message of the window just as the time index does,
+-- and both read each row's columns from the table. No page needed it: each page of the
+-- dashboard and the operator's console was timed at a million rows with it and without it
+-- (BENCHMARKS.md).
+DROP INDEX message_log_ack;
