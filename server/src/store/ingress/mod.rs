@@ -34,6 +34,8 @@ macro_rules! emit {
 
 mod apply;
 mod connection;
+#[cfg(test)]
+pub(in crate::store) use apply::LOST_SEND;
 mod provider_events;
 mod timers;
 
