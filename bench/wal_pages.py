@@ -4,9 +4,10 @@
 
 Reads the WAL's frames from its start (the frames since the last checkpoint reset it)
 until the first whose salt is not the header's, groups them into commits (a frame with a
-database size closes one), and names each page by SQLite's `dbstat` of the store. A
-copy of the store and its WAL, taken after the gateway was killed, is what to read: the
-open made here reads the WAL too, and may not change the copy it reads.
+database size closes one), and names each page by SQLite's `dbstat` of the store.
+Frame checksums are not verified. Read a copy of the store and its WAL, taken after the
+gateway was killed: the open made here reads the WAL too, and closing it checkpoints
+the copy and removes the copy's WAL.
 """
 import collections
 import sqlite3
@@ -15,7 +16,10 @@ import sys
 
 store = sys.argv[1]
 wal = open(store + "-wal", "rb").read()
-_, _, page_size, _, salt1, salt2, _, _ = struct.unpack(">8I", wal[:32])
+magic, _, page_size, _, salt1, salt2, _, _ = struct.unpack(">8I", wal[:32])
+if magic not in (0x377F0682, 0x377F0683):
+    sys.exit("not a SQLite WAL")
+page_size = page_size if page_size > 1 else 65536
 commits, frames, at = [], [], 32
 while at + 24 + page_size <= len(wal):
     page, size_after, s1, s2, _, _ = struct.unpack(">6I", wal[at:at + 24])

@@ -226,6 +226,8 @@ async fn pages(url: &str, base: &str, runs: usize) {
         "/messages".into(),
         "/messages?state=failed".into(),
         "/messages?state=sent".into(),
+        "/messages?state=pending".into(),
+        "/messages?state=unknown".into(),
         "/messages?instance=ins_seed_0".into(),
         format!("/messages?before={last_page}"),
         format!("/messages/{oldest}"),
