@@ -384,10 +384,7 @@ mod tests {
     /// plan or its generic one (what a prepared statement runs after five executions).
     #[tokio::test]
     async fn each_step_reads_its_old_rows_by_an_index() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("retention.db");
-        Store::open(&format!("sqlite://{}?mode=rwc", path.display()), 2, None).await.unwrap().close().await;
-        let conn = rusqlite::Connection::open(&path).unwrap();
+        let (_dir, conn) = super::super::test_postgres::migrated_sqlite("retention.db").await;
         let mut whole = Vec::new();
         for ((table, _, _), sql) in STEPS.iter().zip(SQL.iter()) {
             for (what, sql, params) in [("delete", &sql.delete[0], &[0i64, 10][..]), ("count", &sql.count, &[0][..])] {

@@ -6,9 +6,8 @@
 //! the message log's pages a commit). So the list is held here: an index is added only
 //! with a reader that needs it, and on both stores.
 
-use super::Store;
 use super::ingress::LOST_SEND;
-use super::test_postgres::{drop_database, postgres_store};
+use super::test_postgres::{drop_database, migrated_sqlite, postgres_store};
 
 /// The message log's secondary indexes, and who reads by each.
 const MESSAGE_LOG_INDEXES: &[&str] = &[
@@ -32,10 +31,7 @@ const MESSAGE_LOG_INDEXES: &[&str] = &[
 
 #[tokio::test]
 async fn the_message_log_has_the_same_indexes_on_both_stores_and_no_more() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("schema.db");
-    Store::open(&format!("sqlite://{}?mode=rwc", path.display()), 2, None).await.unwrap().close().await;
-    let conn = rusqlite::Connection::open(&path).unwrap();
+    let (_dir, conn) = migrated_sqlite("schema.db").await;
     let mut list = conn.prepare("SELECT name FROM pragma_index_list('message_log') ORDER BY name").unwrap();
     let sqlite: Vec<String> = list.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap();
     assert_eq!(sqlite, MESSAGE_LOG_INDEXES, "SQLite");
@@ -58,14 +54,13 @@ async fn the_message_log_has_the_same_indexes_on_both_stores_and_no_more() {
 /// so its read must not grow with the sends of its ten-minute window: the pending rows
 /// are read by `message_log_pending` and the unknown ones by `message_log_unknown`,
 /// never by the time index and never by a scan of the table. On SQLite the store has no
-/// statistics (the gateway runs no `ANALYZE`); on PostgreSQL sequential scans are priced
-/// out, since an empty table's plan would read it whole.
+/// statistics (the gateway runs no `ANALYZE`). On PostgreSQL sequential scans are priced
+/// out, since an empty table's plan would read it whole, and the statement is prepared
+/// as the driver prepares it: both the plan made for its values and the generic plan a
+/// prepared statement may keep after five runs are held.
 #[tokio::test]
 async fn an_echo_of_a_lost_send_reads_only_the_pending_and_unknown_rows() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("plan.db");
-    Store::open(&format!("sqlite://{}?mode=rwc", path.display()), 2, None).await.unwrap().close().await;
-    let conn = rusqlite::Connection::open(&path).unwrap();
+    let (_dir, conn) = migrated_sqlite("plan.db").await;
     let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {LOST_SEND}")).unwrap();
     let params = rusqlite::params!["ins", "+1", 0i64, 10i64, 5i64];
     let lines: Vec<String> = plan.query_map(params, |r| r.get(3)).unwrap().collect::<Result<_, _>>().unwrap();
@@ -80,26 +75,29 @@ async fn an_echo_of_a_lost_send_reads_only_the_pending_and_unknown_rows() {
     let Some((store, admin, db)) = postgres_store("lost_send_plan").await else {
         return;
     };
-    let plan = async {
+    let plans = async {
         let mut conn = store.write.acquire().await?;
         sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await?;
-        let explain = format!(
-            "EXPLAIN {}",
-            LOST_SEND
-                .replace("$1", "'ins'")
-                .replace("$2", "'+1'")
-                .replace("$3", "0")
-                .replace("$4", "10")
-                .replace("$5", "5")
-        );
-        let rows = sqlx::query(&explain).fetch_all(&mut *conn).await?;
-        rows.iter().map(|r| sqlx::Row::try_get(r, 0)).collect::<Result<Vec<String>, _>>()
+        sqlx::query(&format!("PREPARE lost_send(text, text, bigint, bigint, bigint) AS {LOST_SEND}"))
+            .execute(&mut *conn)
+            .await?;
+        let mut plans = Vec::new();
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            sqlx::query(&format!("SET plan_cache_mode = {mode}")).execute(&mut *conn).await?;
+            let rows = sqlx::query("EXPLAIN EXECUTE lost_send('ins', '+1', 0, 10, 5)").fetch_all(&mut *conn).await?;
+            let lines = rows.iter().map(|r| sqlx::Row::try_get(r, 0)).collect::<Result<Vec<String>, _>>()?;
+            plans.push((mode, lines.join("\n")));
+        }
+        Ok::<_, sqlx::Error>(plans)
     }
     .await;
     drop_database(store, &admin, &db).await;
-    let plan = plan.unwrap().join("\n");
-    assert!(!plan.contains("Seq Scan"), "PostgreSQL: {plan}");
-    assert!(plan.contains("message_log_pending"), "PostgreSQL: {plan}");
-    assert!(plan.contains("message_log_unknown"), "PostgreSQL: {plan}");
-    assert!(!plan.contains("message_log_created"), "PostgreSQL: {plan}");
+    let plans = plans.unwrap();
+    assert_eq!(plans.len(), 2);
+    for (mode, plan) in plans {
+        assert!(!plan.contains("Seq Scan"), "PostgreSQL, {mode}: {plan}");
+        assert!(plan.contains("message_log_pending"), "PostgreSQL, {mode}: {plan}");
+        assert!(plan.contains("message_log_unknown"), "PostgreSQL, {mode}: {plan}");
+        assert!(!plan.contains("message_log_created"), "PostgreSQL, {mode}: {plan}");
+    }
 }

@@ -1,7 +1,19 @@
-//! Unit tests' PostgreSQL: a fresh database with the gateway's schema for one test, when
-//! the suite runs on PostgreSQL (`GATEWAY_TEST_DATABASE_URL`); on SQLite there is none.
+//! Unit tests' stores with the gateway's schema: a migrated SQLite file to read with
+//! rusqlite, and, when the suite runs on PostgreSQL (`GATEWAY_TEST_DATABASE_URL`), a
+//! fresh database for one test (on SQLite there is none).
 
 use super::Store;
+
+/// A SQLite store in a temporary directory, migrated by the gateway and closed again, and
+/// a rusqlite connection to it (for its schema and its plans). The directory lives as
+/// long as the first half.
+pub async fn migrated_sqlite(name: &str) -> (tempfile::TempDir, rusqlite::Connection) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    Store::open(&format!("sqlite://{}?mode=rwc", path.display()), 2, None).await.unwrap().close().await;
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    (dir, conn)
+}
 
 /// A fresh database `gw_<prefix>_<random>` with the gateway's schema, the admin URL and
 /// the database's name; dropped by `drop_database`. None when the suite runs on SQLite.
