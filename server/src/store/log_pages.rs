@@ -3,7 +3,7 @@
 //! chunks for the CSV export, and one message with the webhook events about it.
 
 use super::delivery::{Delivery, DeliveryState, FROM_LOG_AND_STATUS, STATUS_COLUMNS};
-use super::{Cols, FromCols, LogEntry, Store, StoreError, bind_all};
+use super::{Backend, Cols, FromCols, LogEntry, Store, StoreError, bind_all};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
 
@@ -89,9 +89,36 @@ fn text(s: &str) -> SqlValue {
 }
 
 /// The query of a customer's log rows matching `filter`, newest first, below `before`.
-fn log_query(customer_id: &str, filter: &LogFilter, before: Option<i64>, limit: i64) -> (String, Vec<SqlValue>) {
-    let mut sql =
-        format!("SELECT m.id, {}, {STATUS_COLUMNS} FROM {FROM_LOG_AND_STATUS} WHERE m.customer_id = $1", log_columns());
+///
+/// The pending rows are the sends in flight and those waiting for recovery: few, and
+/// read by `message_log_pending` whatever the customer's log holds. The unknown rows
+/// have an index of the customer's own (`message_log_customer_unknown`, whose predicate
+/// names the decision as the filter's condition does). SQLite, which has no statistics
+/// of a gateway's store, would otherwise read the customer's whole log by
+/// `message_log_customer` (newest first, so no sort), or an instance's by
+/// `message_log_instance`, to find them; its statement names the index. PostgreSQL
+/// chooses them by its statistics.
+fn log_query(
+    backend: Backend,
+    customer_id: &str,
+    filter: &LogFilter,
+    before: Option<i64>,
+    limit: i64,
+) -> (String, Vec<SqlValue>) {
+    let index = match (backend, filter.state) {
+        (Backend::Sqlite, Some(DeliveryState::Pending)) => Some("message_log_pending"),
+        (Backend::Sqlite, Some(DeliveryState::Unknown)) => Some("message_log_customer_unknown"),
+        _ => None,
+    };
+    let from = match index {
+        Some(index) => {
+            let from = FROM_LOG_AND_STATUS.replacen("message_log m ", &format!("message_log m INDEXED BY {index} "), 1);
+            debug_assert_ne!(from, FROM_LOG_AND_STATUS);
+            from
+        }
+        None => FROM_LOG_AND_STATUS.to_string(),
+    };
+    let mut sql = format!("SELECT m.id, {}, {STATUS_COLUMNS} FROM {from} WHERE m.customer_id = $1", log_columns());
     let mut values = vec![text(customer_id)];
     // Each clause names its value `$?` (once or more).
     let mut add = |clause: &str, value: Option<SqlValue>| {
@@ -156,7 +183,7 @@ impl Store {
         before: Option<i64>,
         limit: i64,
     ) -> Result<Vec<LogRow>, StoreError> {
-        let (sql, values) = log_query(customer_id, filter, before, limit);
+        let (sql, values) = log_query(self.backend, customer_id, filter, before, limit);
         let rows = bind_all(sqlx::query(&sql), values).fetch_all(&self.read).await?;
         rows.iter().map(LogRow::from_cols).collect()
     }
@@ -245,5 +272,143 @@ impl Store {
             });
         }
         Ok(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_postgres::{drop_database, migrated_sqlite, postgres_store};
+    use super::*;
+
+    /// Two customers' rows in each state the pending and unknown filters tell apart, in
+    /// id order: `(customer, decision, status)`.
+    const ROWS: &[(&str, &str, &str)] = &[
+        ("cus_a", "allowed", "pending"),
+        ("cus_a", "allowed", "unknown"),
+        ("cus_b", "allowed", "pending"),
+        ("cus_b", "allowed", "unknown"),
+        ("cus_a", "allowed", "sent"),
+        ("cus_a", "refused", "refused"),
+        ("cus_a", "allowed", "pending"),
+        ("cus_a", "allowed", "unknown"),
+        ("cus_a", "allowed", "failed"),
+    ];
+
+    fn state(state: DeliveryState) -> LogFilter {
+        LogFilter { state: Some(state), ..Default::default() }
+    }
+
+    async fn pages_of(store: &Store) -> Result<Vec<Vec<i64>>, StoreError> {
+        for (i, (customer, decision, status)) in ROWS.iter().enumerate() {
+            sqlx::query(
+                "INSERT INTO message_log (customer_id, instance_id, source, recipient, decision, status, created_at) \
+                 VALUES ($1, 'ins_1', 'api', '+14155550101', $2, $3, $4)",
+            )
+            .bind(*customer)
+            .bind(*decision)
+            .bind(*status)
+            .bind(1_000 + i as i64)
+            .execute(&store.write)
+            .await?;
+        }
+        let mut pages = Vec::new();
+        for (filter, before, limit) in [
+            (state(DeliveryState::Pending), None, 50),
+            (state(DeliveryState::Pending), Some(7), 50),
+            (state(DeliveryState::Pending), None, 1),
+            (state(DeliveryState::Unknown), None, 50),
+            (state(DeliveryState::Unknown), Some(8), 50),
+            (LogFilter { instance_id: Some("ins_1".into()), ..state(DeliveryState::Pending) }, None, 50),
+            (LogFilter { instance_id: Some("ins_1".into()), ..state(DeliveryState::Unknown) }, None, 50),
+            (LogFilter { decision: Some("refused".into()), ..state(DeliveryState::Pending) }, None, 50),
+        ] {
+            let rows = store.message_log_page("cus_a", &filter, before, limit).await?;
+            pages.push(rows.iter().map(|r| r.id).collect());
+        }
+        Ok(pages)
+    }
+
+    /// The pending and unknown filters answer a customer's own rows in those states,
+    /// newest first, by page, on both stores (SQLite's statement names its index).
+    #[tokio::test]
+    async fn the_pending_and_unknown_filters_find_the_customers_rows_in_those_states() {
+        let want: Vec<Vec<i64>> =
+            vec![vec![7, 1], vec![1], vec![7], vec![8, 2], vec![2], vec![7, 1], vec![8, 2], vec![]];
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite =
+            Store::open(&format!("sqlite://{}?mode=rwc", dir.path().join("log.db").display()), 2, None).await.unwrap();
+        assert_eq!(pages_of(&sqlite).await.unwrap(), want, "SQLite");
+        sqlite.close().await;
+        let Some((store, admin, db)) = postgres_store("log_states").await else {
+            return;
+        };
+        let pages = pages_of(&store).await;
+        drop_database(store, &admin, &db).await;
+        assert_eq!(pages.unwrap(), want, "PostgreSQL");
+    }
+
+    /// A large customer's pending and unknown rows are read by the indexes of those rows
+    /// alone, never by a read of the customer's whole log (`message_log_customer`), which
+    /// took 354 ms for `state=pending` with a million rows. On SQLite the store has no
+    /// statistics; on PostgreSQL sequential scans are priced out, since an empty table's
+    /// plan would read it whole.
+    #[tokio::test]
+    async fn a_customers_pending_and_unknown_rows_are_read_by_their_own_indexes() {
+        let (_dir, conn) = migrated_sqlite("plan.db").await;
+        for (filter, index) in
+            [(DeliveryState::Pending, "message_log_pending"), (DeliveryState::Unknown, "message_log_customer_unknown")]
+        {
+            let others = [
+                LogFilter::default(),
+                LogFilter { instance_id: Some("ins_1".into()), ..Default::default() },
+                LogFilter { decision: Some("refused".into()), ..Default::default() },
+                LogFilter { request: Some("req_1".into()), since: Some(0), ..Default::default() },
+                LogFilter {
+                    instance_id: Some("ins_1".into()),
+                    source: Some("api".into()),
+                    recipient: Some("+1".into()),
+                    error_code: Some("E".into()),
+                    ..Default::default()
+                },
+            ];
+            for (other, before) in others.into_iter().flat_map(|o| [(o.clone(), None), (o, Some(100))]) {
+                let filter = LogFilter { state: Some(filter), ..other };
+                let (sql, values) = log_query(Backend::Sqlite, "cus_a", &filter, before, 50);
+                let mut plan = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+                let lines: Vec<String> = plan
+                    .query_map(rusqlite::params_from_iter(values), |r| r.get(3))
+                    .unwrap()
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+                let plan = lines.join("\n");
+                assert!(plan.contains(&format!(" m USING INDEX {index}")), "SQLite, {filter:?}: {plan}");
+            }
+        }
+
+        let Some((store, admin, db)) = postgres_store("log_states_plan").await else {
+            return;
+        };
+        let plans = async {
+            let mut conn = store.write.acquire().await?;
+            sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await?;
+            let mut plans = Vec::new();
+            let (sql, _) = log_query(Backend::Postgres, "cus_a", &state(DeliveryState::Unknown), Some(100), 50);
+            sqlx::query(&format!("PREPARE page(text, bigint, bigint) AS {sql}")).execute(&mut *conn).await?;
+            for mode in ["force_custom_plan", "force_generic_plan"] {
+                sqlx::query(&format!("SET plan_cache_mode = {mode}")).execute(&mut *conn).await?;
+                let rows = sqlx::query("EXPLAIN EXECUTE page('cus_a', 100, 50)").fetch_all(&mut *conn).await?;
+                let lines = rows.iter().map(|r| r.try_get(0)).collect::<Result<Vec<String>, _>>()?;
+                plans.push((mode, lines.join("\n")));
+            }
+            Ok::<_, sqlx::Error>(plans)
+        }
+        .await;
+        drop_database(store, &admin, &db).await;
+        let plans = plans.unwrap();
+        assert_eq!(plans.len(), 2);
+        for (mode, plan) in plans {
+            assert!(plan.contains("message_log_customer_unknown"), "PostgreSQL, {mode}: {plan}");
+            assert!(!plan.contains("Seq Scan"), "PostgreSQL, {mode}: {plan}");
+        }
     }
 }

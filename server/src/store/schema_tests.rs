@@ -16,10 +16,13 @@ const MESSAGE_LOG_INDEXES: &[&str] = &[
     "message_log_created",
     // A customer's log, newest first (keyset pages).
     "message_log_customer",
+    // A customer's rows whose outcome is unknown, newest first: the log's `state=unknown`
+    // filter (partial: unknown rows only).
+    "message_log_customer_unknown",
     // An instance's log and its pages.
     "message_log_instance",
-    // Recovery of attempts left pending, and an echo's pending sends (partial: pending
-    // rows only; a row leaves it when it settles).
+    // Recovery of attempts left pending, an echo's pending sends, and the log's
+    // `state=pending` filter (partial: pending rows only; a row leaves it when it settles).
     "message_log_pending",
     // Status reports and echoes, by the provider's id (partial: rows that have one).
     "message_log_provider_id",
