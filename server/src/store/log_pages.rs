@@ -277,7 +277,7 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
-    use super::super::test_postgres::{drop_database, migrated_sqlite, postgres_store};
+    use super::super::test_postgres::{drop_database, migrated_sqlite, postgres_store, prepared_plans};
     use super::*;
 
     /// Two customers' rows in each state the pending and unknown filters tell apart, in
@@ -388,24 +388,9 @@ mod tests {
         let Some((store, admin, db)) = postgres_store("log_states_plan").await else {
             return;
         };
-        let plans = async {
-            let mut conn = store.write.acquire().await?;
-            sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await?;
-            let mut plans = Vec::new();
-            let (sql, _) = log_query(Backend::Postgres, "cus_a", &state(DeliveryState::Unknown), Some(100), 50);
-            sqlx::query(&format!("PREPARE page(text, bigint, bigint) AS {sql}")).execute(&mut *conn).await?;
-            for mode in ["force_custom_plan", "force_generic_plan"] {
-                sqlx::query(&format!("SET plan_cache_mode = {mode}")).execute(&mut *conn).await?;
-                let rows = sqlx::query("EXPLAIN EXECUTE page('cus_a', 100, 50)").fetch_all(&mut *conn).await?;
-                let lines = rows.iter().map(|r| r.try_get(0)).collect::<Result<Vec<String>, _>>()?;
-                plans.push((mode, lines.join("\n")));
-            }
-            Ok::<_, sqlx::Error>(plans)
-        }
-        .await;
-        drop_database(store, &admin, &db).await;
-        let plans = plans.unwrap();
-        assert_eq!(plans.len(), 2);
+        let (sql, _) = log_query(Backend::Postgres, "cus_a", &state(DeliveryState::Unknown), Some(100), 50);
+        let prepare = format!("PREPARE page(text, bigint, bigint) AS {sql}");
+        let plans = prepared_plans(store, &admin, &db, &prepare, "EXECUTE page('cus_a', 100, 50)").await;
         for (mode, plan) in plans {
             assert!(plan.contains("message_log_customer_unknown"), "PostgreSQL, {mode}: {plan}");
             assert!(!plan.contains("Seq Scan"), "PostgreSQL, {mode}: {plan}");

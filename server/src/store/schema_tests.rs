@@ -7,7 +7,7 @@
 //! with a reader that needs it, and on both stores.
 
 use super::ingress::LOST_SEND;
-use super::test_postgres::{drop_database, migrated_sqlite, postgres_store};
+use super::test_postgres::{drop_database, migrated_sqlite, postgres_store, prepared_plans};
 
 /// The message log's secondary indexes, and who reads by each.
 const MESSAGE_LOG_INDEXES: &[&str] = &[
@@ -78,25 +78,14 @@ async fn an_echo_of_a_lost_send_reads_only_the_pending_and_unknown_rows() {
     let Some((store, admin, db)) = postgres_store("lost_send_plan").await else {
         return;
     };
-    let plans = async {
-        let mut conn = store.write.acquire().await?;
-        sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await?;
-        sqlx::query(&format!("PREPARE lost_send(text, text, bigint, bigint, bigint) AS {LOST_SEND}"))
-            .execute(&mut *conn)
-            .await?;
-        let mut plans = Vec::new();
-        for mode in ["force_custom_plan", "force_generic_plan"] {
-            sqlx::query(&format!("SET plan_cache_mode = {mode}")).execute(&mut *conn).await?;
-            let rows = sqlx::query("EXPLAIN EXECUTE lost_send('ins', '+1', 0, 10, 5)").fetch_all(&mut *conn).await?;
-            let lines = rows.iter().map(|r| sqlx::Row::try_get(r, 0)).collect::<Result<Vec<String>, _>>()?;
-            plans.push((mode, lines.join("\n")));
-        }
-        Ok::<_, sqlx::Error>(plans)
-    }
+    let plans = prepared_plans(
+        store,
+        &admin,
+        &db,
+        &format!("PREPARE lost_send(text, text, bigint, bigint, bigint) AS {LOST_SEND}"),
+        "EXECUTE lost_send('ins', '+1', 0, 10, 5)",
+    )
     .await;
-    drop_database(store, &admin, &db).await;
-    let plans = plans.unwrap();
-    assert_eq!(plans.len(), 2);
     for (mode, plan) in plans {
         assert!(!plan.contains("Seq Scan"), "PostgreSQL, {mode}: {plan}");
         assert!(plan.contains("message_log_pending"), "PostgreSQL, {mode}: {plan}");

@@ -36,3 +36,35 @@ pub async fn drop_database(store: Store, admin: &str, db: &str) {
     let mut conn = sqlx::AnyConnection::connect(admin).await.unwrap();
     sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)")).execute(&mut conn).await.unwrap();
 }
+
+/// The plans PostgreSQL makes for `statement`, prepared as `PREPARE {name}{types} AS ...`
+/// and run as `execute` (`EXECUTE name(values)`), with sequential scans priced out (an
+/// empty table's plan would read it whole): the plan made for the values
+/// (`force_custom_plan`) and the generic one a prepared statement may keep after five
+/// runs (`force_generic_plan`), each with its mode. The database is then dropped.
+pub async fn prepared_plans(
+    store: Store,
+    admin: &str,
+    db: &str,
+    prepare: &str,
+    execute: &str,
+) -> Vec<(&'static str, String)> {
+    let plans = async {
+        let mut conn = store.write.acquire().await?;
+        sqlx::query("SET enable_seqscan = off").execute(&mut *conn).await?;
+        sqlx::query(prepare).execute(&mut *conn).await?;
+        let mut plans = Vec::new();
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            sqlx::query(&format!("SET plan_cache_mode = {mode}")).execute(&mut *conn).await?;
+            let rows = sqlx::query(&format!("EXPLAIN {execute}")).fetch_all(&mut *conn).await?;
+            let lines = rows.iter().map(|r| sqlx::Row::try_get(r, 0)).collect::<Result<Vec<String>, _>>()?;
+            plans.push((mode, lines.join("\n")));
+        }
+        Ok::<_, sqlx::Error>(plans)
+    }
+    .await;
+    drop_database(store, admin, db).await;
+    let plans = plans.unwrap();
+    assert_eq!(plans.len(), 2);
+    plans
+}
