@@ -2,7 +2,7 @@
 //! (`delivery`), filtered, paged by key (newest first, `before` a log id), streamed in
 //! chunks for the CSV export, and one message with the webhook events about it.
 
-use super::delivery::{Delivery, DeliveryState, FROM_LOG_AND_STATUS, STATUS_COLUMNS};
+use super::delivery::{Delivery, DeliveryState, STATUS_COLUMNS, STATUS_JOIN};
 use super::{Backend, Cols, FromCols, LogEntry, Store, StoreError, bind_all};
 use rusqlite::types::Value as SqlValue;
 use sqlx::Row;
@@ -89,15 +89,8 @@ fn text(s: &str) -> SqlValue {
 }
 
 /// The query of a customer's log rows matching `filter`, newest first, below `before`.
-///
-/// The pending rows are the sends in flight and those waiting for recovery: few, and
-/// read by `message_log_pending` whatever the customer's log holds. The unknown rows
-/// have an index of the customer's own (`message_log_customer_unknown`, whose predicate
-/// names the decision as the filter's condition does). SQLite, which has no statistics
-/// of a gateway's store, would otherwise read the customer's whole log by
-/// `message_log_customer` (newest first, so no sort), or an instance's by
-/// `message_log_instance`, to find them; its statement names the index. PostgreSQL
-/// chooses them by its statistics.
+/// On SQLite a state with an index of its own names it (`DeliveryState::index`);
+/// PostgreSQL chooses by its statistics.
 fn log_query(
     backend: Backend,
     customer_id: &str,
@@ -105,20 +98,14 @@ fn log_query(
     before: Option<i64>,
     limit: i64,
 ) -> (String, Vec<SqlValue>) {
-    let index = match (backend, filter.state) {
-        (Backend::Sqlite, Some(DeliveryState::Pending)) => Some("message_log_pending"),
-        (Backend::Sqlite, Some(DeliveryState::Unknown)) => Some("message_log_customer_unknown"),
-        _ => None,
+    let index = match (backend, filter.state.and_then(DeliveryState::index)) {
+        (Backend::Sqlite, Some(index)) => format!(" INDEXED BY {index}"),
+        _ => String::new(),
     };
-    let from = match index {
-        Some(index) => {
-            let from = FROM_LOG_AND_STATUS.replacen("message_log m ", &format!("message_log m INDEXED BY {index} "), 1);
-            debug_assert_ne!(from, FROM_LOG_AND_STATUS);
-            from
-        }
-        None => FROM_LOG_AND_STATUS.to_string(),
-    };
-    let mut sql = format!("SELECT m.id, {}, {STATUS_COLUMNS} FROM {from} WHERE m.customer_id = $1", log_columns());
+    let mut sql = format!(
+        "SELECT m.id, {}, {STATUS_COLUMNS} FROM message_log m{index} {STATUS_JOIN} WHERE m.customer_id = $1",
+        log_columns()
+    );
     let mut values = vec![text(customer_id)];
     // Each clause names its value `$?` (once or more).
     let mut add = |clause: &str, value: Option<SqlValue>| {
@@ -191,7 +178,7 @@ impl Store {
     /// One log row of a customer, with its reports.
     pub async fn customer_log_row(&self, customer_id: &str, id: i64) -> Result<Option<LogRow>, StoreError> {
         let sql = format!(
-            "SELECT m.id, {}, {STATUS_COLUMNS} FROM {FROM_LOG_AND_STATUS} WHERE m.id = $1 AND m.customer_id = $2",
+            "SELECT m.id, {}, {STATUS_COLUMNS} FROM message_log m {STATUS_JOIN} WHERE m.id = $1 AND m.customer_id = $2",
             log_columns()
         );
         let row = sqlx::query(&sql).bind(id).bind(customer_id).fetch_optional(&self.read).await?;

@@ -37,8 +37,8 @@ pub async fn drop_database(store: Store, admin: &str, db: &str) {
     sqlx::query(&format!("DROP DATABASE {db} WITH (FORCE)")).execute(&mut conn).await.unwrap();
 }
 
-/// The plans PostgreSQL makes for `statement`, prepared as `PREPARE {name}{types} AS ...`
-/// and run as `execute` (`EXECUTE name(values)`), with sequential scans priced out (an
+/// The plans PostgreSQL makes for a statement prepared by `prepare` (`PREPARE name(types)
+/// AS ...`) and run by `execute` (`EXECUTE name(values)`), with sequential scans priced out (an
 /// empty table's plan would read it whole): the plan made for the values
 /// (`force_custom_plan`) and the generic one a prepared statement may keep after five
 /// runs (`force_generic_plan`), each with its mode. The database is then dropped.
@@ -64,7 +64,5 @@ pub async fn prepared_plans(
     }
     .await;
     drop_database(store, admin, db).await;
-    let plans = plans.unwrap();
-    assert_eq!(plans.len(), 2);
-    plans
+    plans.unwrap()
 }
