@@ -93,8 +93,8 @@ impl DeliveryState {
             // row a message, by its primary key). PostgreSQL estimates that filter from
             // the reports' own nulls, not the messages without a report: one row where a
             // large customer has 184,058, so it hashed every report and sorted the
-            // customer's log (865 ms at a million rows) instead of reading the log
-            // backward until the page was full (1.3 ms). docs/architecture.md.
+            // customer's log (1.2 to 1.3 s at a million rows) instead of reading the log
+            // backward until the page was full (1.3 to 2.1 ms). BENCHMARKS.md, issue 22.
             DeliveryState::Sent => {
                 "m.decision = 'allowed' AND m.status = 'sent' AND m.ack_checked_at IS NULL AND NOT EXISTS \
                  (SELECT 1 FROM message_status x WHERE x.instance_id = m.instance_id \

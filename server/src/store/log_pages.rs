@@ -415,7 +415,7 @@ mod tests {
     /// delivery nor failure, on both stores. On PostgreSQL, with statistics of a large
     /// customer whose sends are mostly delivered, its page reads the customer's log
     /// backward until it is full, where the left join's null test, estimated at a few
-    /// rows, made it hash every report and sort the whole log (865 ms at a million rows).
+    /// rows, made it hash every report and sort the whole log (1.2 s at a million rows).
     #[tokio::test]
     async fn a_large_customers_sent_rows_are_read_newest_first_until_the_page_is_full() {
         let want = vec![20000, 19995, 19990];
