@@ -267,6 +267,25 @@ async fn queries(url: &str) {
     timed!("sends_per_day (a customer, 30 days)", store.sends_per_day(Some("cus_seed_0"), month));
     timed!("delivery_counts (a customer, 30 days)", store.delivery_counts("cus_seed_0", month));
     timed!("refusals_by_rule (a customer, 30 days)", store.refusals_by_rule(Some("cus_seed_0"), month, 10));
+    // The overview's three answers from kept days (`store::customer_days`): at a first
+    // view, which counts the 30 days and keeps the closed ones (each run from none kept),
+    // and at the views after it.
+    let since = now - now % DAY_MS - 29 * DAY_MS;
+    let forget = || async {
+        let pool = sqlx::AnyPool::connect(url).await?;
+        sqlx::query("DELETE FROM customer_days WHERE customer_id = 'cus_seed_0'").execute(&pool).await?;
+        pool.close().await;
+        Ok::<(), sqlx::Error>(())
+    };
+    let mut took = Vec::new();
+    for _ in 0..5 {
+        forget().await.expect("the kept days go");
+        let t = Instant::now();
+        store.activity("cus_seed_0", since, now, 10).await.expect("activity, first view");
+        took.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    println!("{:<40} {:>9.1}", "activity, first view (keeps 29 days)", median(took).0);
+    timed!("activity (29 kept days and today)", store.activity("cus_seed_0", since, now, 10));
     timed!("usage", store.usage("cus_seed_0", now - now % DAY_MS, now - DAY_MS));
     timed!("risk_signals (an instance, 7 days)", store.risk_signals("ins_seed_0", now));
     timed!("webhook_hours (an instance)", store.webhook_hours("ins_seed_0", now - 2 * DAY_MS));

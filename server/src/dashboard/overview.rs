@@ -62,7 +62,9 @@ async fn activity(rqctx: &Ctx, customer_id: &str, now: i64) -> Result<Markup, Da
     let store = &rqctx.context().store;
     let days = last_days(now, 30);
     let since = days[0].1;
-    let counts = store.sends_per_day(Some(customer_id), since).await?;
+    // Kept days and today's rows (`store::customer_days`), not 30 days of the log.
+    let activity = store.activity(customer_id, since, now, 10).await?;
+    let counts = &activity.days;
     let of = |pick: fn(&crate::store::insight::DayCounts) -> u64| -> Vec<u64> {
         days.iter().map(|(_, day)| counts.iter().find(|c| c.day == *day).map_or(0, pick)).collect()
     };
@@ -73,7 +75,7 @@ async fn activity(rqctx: &Ctx, customer_id: &str, now: i64) -> Result<Markup, Da
         Series { name: "unknown or pending".into(), class: "pending".into(), values: of(|c| c.unknown) },
     ];
     let labels: Vec<String> = days.iter().map(|(l, _)| l.clone()).collect();
-    let delivery = store.delivery_counts(customer_id, since).await?;
+    let delivery = &activity.delivery;
     let rate = |part: u64| if delivery.sent == 0 { 0.0 } else { part as f64 / delivery.sent as f64 };
     let rate_meter = |label: &str, part: u64| Meter {
         label: label.to_string(),
@@ -88,7 +90,7 @@ async fn activity(rqctx: &Ctx, customer_id: &str, now: i64) -> Result<Markup, Da
         state: MeterState::Ok,
         words: charts::LIMIT_WORDS,
     };
-    let refusals = store.refusals_by_rule(Some(customer_id), since, 10).await?;
+    let refusals = &activity.refusals;
     let total: u64 = series.iter().flat_map(|s| s.values.iter()).sum();
     Ok(html! {
         h2 { "The last 30 days" }
@@ -101,7 +103,7 @@ async fn activity(rqctx: &Ctx, customer_id: &str, now: i64) -> Result<Markup, Da
                 &[rate_meter("Delivered", delivery.delivered), rate_meter("Read", delivery.read)]))
             (charts::horizontal_bars("refusals-by-rule", "Refusals by rule",
                 "Refused attempts in 30 days by the check or policy rule that refused them, most first.",
-                &refusals))
+                refusals))
         }
     })
 }

@@ -16,6 +16,7 @@
 mod attempts;
 mod cache;
 mod counters;
+mod customer_days;
 mod customers;
 mod dashboard;
 mod dashboard_lists;
@@ -64,6 +65,7 @@ pub(crate) use sqlite::{
 pub use attempts::{Began, Begin, Finish, ORPHAN_REASON};
 pub use cache::TTL as CACHE_TTL;
 pub use counters::{LimitHit, Reservation};
+pub use customer_days::{Activity, CLOSED_AFTER_MS as DAY_KEPT_AFTER_MS};
 pub use customers::{Customer, Instance, LimitOverrides, PlanStatus};
 pub use dashboard::{DashSession, DashUser, Invitation, THROTTLE_WINDOW_MS, Throttled};
 pub use dashboard_lists::{InboundRow, Suppression, Usage};

@@ -212,6 +212,8 @@ impl Store {
                 .bind(phone)
                 .fetch_one(&mut *tx)
                 .await?;
+        // The customer's kept days counted the person's rows as they were.
+        super::customer_days::forget(&mut tx, customer_id).await?;
         tx.commit().await?;
         self.forget_cached();
         report.push(Erased { table: "suppressed_recipients", action: "kept", rows: kept as u64 });

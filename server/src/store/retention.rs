@@ -181,6 +181,10 @@ const STEPS: &[Step] = &[
     ("message_log", "created_at < $1 AND status <> 'pending'", |p| p.message_log_before),
     ("inbound_messages", "received_at < $1", |p| p.inbound_before),
     ("message_status", "updated_at < $1", |p| p.inbound_before),
+    // A customer's kept days whose rows or delivery reports go (`store::customer_days`):
+    // a report is never older than its send.
+    ("customer_days", "day < $1", |p| p.message_log_before.max(p.inbound_before)),
+    ("customer_day_changes", "day >= 0 AND day < $1", |p| p.message_log_before.max(p.inbound_before)),
     ("calls", "seen_at < $1", |p| p.inbound_before),
     ("provider_events", "received_at < $1 AND processed_at IS NOT NULL AND error IS NULL", |p| {
         p.provider_events_applied_before
@@ -363,10 +367,13 @@ mod tests {
 
     /// Steps that may still read their whole table: a row a call, a contact's inbound
     /// activity or `@lid`, a reviewed refusal, a sign-in address or invitation, a policy
-    /// command or replica. These tables grow with calls, contacts and operators, not with
-    /// sends; an index on their time is left until one of them is measured to need it.
+    /// command or replica, a customer's kept day. These tables grow with calls, contacts,
+    /// operators and customers' days, not with sends; an index on their time is left
+    /// until one of them is measured to need it.
     const READ_WHOLE: &[&str] = &[
         "calls",
+        "customer_days",
+        "customer_day_changes",
         "review_queue",
         "contact_activity",
         "lid_map",

@@ -3,6 +3,7 @@
 //! change) changes the store and writes the customer events it means, all in the
 //! post's one transaction (`Store::apply_facts`).
 
+use super::super::customer_days::{self, SendCount};
 use super::super::{Cols, FromCols, Instance, Store, StoreError, now_ms};
 use super::connection::change_state;
 use super::{Applied, CONVERSATION_WINDOW_MS, write_transaction};
@@ -256,14 +257,8 @@ async fn delivery_status(
 ) -> Result<(), StoreError> {
     let Post { tx, instance, received_at, applied } = post;
     let rank = status_rank(status);
-    let previous: Option<i64> =
-        sqlx::query("SELECT status_rank FROM message_status WHERE instance_id = $1 AND external_message_id = $2")
-            .bind(&instance.id)
-            .bind(external_id)
-            .fetch_optional(&mut **tx)
-            .await?
-            .map(|r| r.try_get("status_rank"))
-            .transpose()?;
+    let reported = reports_of(tx, instance, external_id).await?;
+    let previous = reported.as_ref().map(|r| r.rank);
     if previous.is_some_and(|p| p >= rank) {
         applied.skipped += 1;
         return Ok(());
@@ -293,9 +288,18 @@ async fn delivery_status(
     // provider's own event if its outcome was unknown.
     let message = sent_message(tx, instance, external_id).await?;
     let log = message.as_ref().map(|m| m.id);
-    if let Some(m) = message.as_ref().filter(|m| m.status == "unknown")
-        && settle_unknown(tx, m.id, external_id).await?
-    {
+    let settled = match message.as_ref().filter(|m| m.status == "unknown") {
+        Some(m) => settle_unknown(tx, m.id, external_id).await?,
+        None => false,
+    };
+    if let Some(m) = &message {
+        // Its customer's kept day, if the send's day has closed (`store::customer_days`).
+        let before = reported.as_ref().map_or((false, false), |r| (r.delivered, r.read));
+        let after = (before.0 || (2..=4).contains(&rank), before.1 || (3..=4).contains(&rank));
+        let status = if settled { "sent" } else { m.status.as_str() };
+        recount(tx, m, before, (status, after)).await?;
+    }
+    if let Some(m) = message.as_ref().filter(|_| settled) {
         let (to, message_purpose) = (m.recipient.clone(), m.purpose.clone());
         let message_id = Some(external_id.to_string());
         emit!(tx, instance, received_at, applied, log = log, MessageSent { to, message_purpose, message_id }).await?;
@@ -349,6 +353,7 @@ async fn sent_echo(
     // echo of a send that was answered).
     if let Some(m) = sent_message(tx, instance, external_id).await? {
         if m.status == "unknown" && settle_unknown(tx, m.id, external_id).await? {
+            recount_settled(tx, instance, &m, external_id).await?;
             let (to, message_purpose, message_id) = (m.recipient, m.purpose, Some(external_id.to_string()));
             let log = Some(m.id);
             return emit!(
@@ -378,6 +383,7 @@ async fn sent_echo(
         applied.skipped += 1;
         return Ok(());
     }
+    recount_settled(tx, instance, &m, external_id).await?;
     let (message_purpose, message_id, log) = (m.purpose, Some(external_id.to_string()), Some(m.id));
     emit!(tx, instance, received_at, applied, log = log, MessageSent { to, message_purpose, message_id }).await
 }
@@ -483,6 +489,10 @@ struct SentMessage {
     status: String,
     recipient: String,
     purpose: String,
+    /// What its customer's day counts of it (`store::customer_days`).
+    customer_id: String,
+    decision: String,
+    created_at: i64,
 }
 
 impl FromCols for SentMessage {
@@ -492,6 +502,9 @@ impl FromCols for SentMessage {
             status: r.col("status")?,
             recipient: r.col::<Option<String>>("recipient")?.unwrap_or_default(),
             purpose: r.col::<Option<String>>("purpose")?.unwrap_or_default(),
+            customer_id: r.col("customer_id")?,
+            decision: r.col("decision")?,
+            created_at: r.col("created_at")?,
         })
     }
 }
@@ -503,7 +516,8 @@ async fn sent_message(
     external_id: &str,
 ) -> Result<Option<SentMessage>, StoreError> {
     let row = sqlx::query(
-        "SELECT id, status, recipient, purpose FROM message_log WHERE instance_id = $1 AND provider_message_id = $2 \
+        "SELECT id, status, recipient, purpose, customer_id, decision, created_at FROM message_log \
+         WHERE instance_id = $1 AND provider_message_id = $2 \
          ORDER BY id DESC LIMIT 1",
     )
     .bind(&instance.id)
@@ -518,11 +532,13 @@ async fn sent_message(
 /// keeps the time index out of it) and the unknown ones (`message_log_unknown`). The
 /// time index alone would read every send of the window, inside the write transaction
 /// (docs/architecture.md; `store::schema_tests` holds each part's plan).
-pub(in crate::store) const LOST_SEND: &str = "SELECT id, status, recipient, purpose FROM (\
-     SELECT id, status, recipient, purpose, created_at FROM message_log WHERE status = 'pending' \
+pub(in crate::store) const LOST_SEND: &str = "SELECT id, status, recipient, purpose, customer_id, decision, created_at \
+     FROM (SELECT id, status, recipient, purpose, customer_id, decision, created_at FROM message_log \
+     WHERE status = 'pending' \
      AND instance_id = $1 AND recipient = $2 AND provider_message_id IS NULL \
      AND +created_at >= $3 AND +created_at <= $4 \
-     UNION ALL SELECT id, status, recipient, purpose, created_at FROM message_log WHERE status = 'unknown' \
+     UNION ALL SELECT id, status, recipient, purpose, customer_id, decision, created_at FROM message_log \
+     WHERE status = 'unknown' \
      AND instance_id = $1 AND recipient = $2 AND provider_message_id IS NULL \
      AND created_at >= $3 AND created_at <= $4) m \
      ORDER BY CASE WHEN created_at <= $5 THEN 0 ELSE 1 END, ABS(created_at - $5), id LIMIT 1";
@@ -555,6 +571,72 @@ async fn lost_send(
         .fetch_optional(&mut **tx)
         .await?;
     row.as_ref().map(SentMessage::from_cols).transpose()
+}
+
+/// What the provider reported of a message so far: its status's rank, and whether it
+/// was delivered and read.
+struct Reported {
+    rank: i64,
+    delivered: bool,
+    read: bool,
+}
+
+async fn reports_of(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    external_id: &str,
+) -> Result<Option<Reported>, StoreError> {
+    let row = sqlx::query(
+        "SELECT status_rank, delivered_at, read_at FROM message_status \
+         WHERE instance_id = $1 AND external_message_id = $2",
+    )
+    .bind(&instance.id)
+    .bind(external_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    row.map(|r| {
+        Ok(Reported {
+            rank: r.try_get("status_rank")?,
+            delivered: r.try_get::<Option<i64>, _>("delivered_at")?.is_some(),
+            read: r.try_get::<Option<i64>, _>("read_at")?.is_some(),
+        })
+    })
+    .transpose()
+}
+
+/// A send changed from its status in `m` with `before` (delivered, read) to `after`:
+/// its customer's kept day follows (`store::customer_days`).
+async fn recount(
+    tx: &mut Transaction<'static, Any>,
+    m: &SentMessage,
+    before: (bool, bool),
+    after: (&str, (bool, bool)),
+) -> Result<(), StoreError> {
+    let count = |status: &str, (delivered, read): (bool, bool)| SendCount {
+        customer_id: m.customer_id.clone(),
+        created_at: m.created_at,
+        decision: m.decision.clone(),
+        status: status.to_string(),
+        delivered,
+        read,
+    };
+    customer_days::changed(tx, &count(&m.status, before), &count(after.0, after.1), now_ms()).await
+}
+
+/// An unknown send `m` was settled `sent` by the provider's `external_id`: its customer's
+/// kept day counts it sent, with what the provider already reported of it.
+async fn recount_settled(
+    tx: &mut Transaction<'static, Any>,
+    instance: &Instance,
+    m: &SentMessage,
+    external_id: &str,
+) -> Result<(), StoreError> {
+    if m.created_at - m.created_at.rem_euclid(86_400_000) + 86_400_000 > now_ms() {
+        return Ok(()); // a send of today: no kept day to follow, and no read needed
+    }
+    let reported = reports_of(tx, instance, external_id).await?;
+    let now = reported.as_ref().map_or((false, false), |r| (r.delivered, r.read));
+    recount(tx, m, now, ("sent", now)).await
 }
 
 /// Makes an `unknown` send `sent`, with the provider's id; whether this call did.
