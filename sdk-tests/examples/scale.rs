@@ -281,11 +281,11 @@ async fn queries(url: &str) {
     for _ in 0..5 {
         forget().await.expect("the kept days go");
         let t = Instant::now();
-        store.activity("cus_seed_0", since, now, 10).await.expect("activity, first view");
+        store.activity("cus_seed_0", since, now, since, 10).await.expect("activity, first view");
         took.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     println!("{:<40} {:>9.1}", "activity, first view (keeps 29 days)", median(took).0);
-    timed!("activity (29 kept days and today)", store.activity("cus_seed_0", since, now, 10));
+    timed!("activity (29 kept days and today)", store.activity("cus_seed_0", since, now, since, 10));
     timed!("usage", store.usage("cus_seed_0", now - now % DAY_MS, now - DAY_MS));
     timed!("risk_signals (an instance, 7 days)", store.risk_signals("ins_seed_0", now));
     timed!("webhook_hours (an instance)", store.webhook_hours("ins_seed_0", now - 2 * DAY_MS));

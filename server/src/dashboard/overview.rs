@@ -63,7 +63,10 @@ async fn activity(rqctx: &Ctx, customer_id: &str, now: i64) -> Result<Markup, Da
     let days = last_days(now, 30);
     let since = days[0].1;
     // Kept days and today's rows (`store::customer_days`), not 30 days of the log.
-    let activity = store.activity(customer_id, since, now, 10).await?;
+    // A day that retention could reach while the overview shows it is never kept.
+    let retention = &rqctx.context().config.retention;
+    let keep_from = now - (retention.message_log_days.min(retention.inbound_days) - 1) * DAY_MS;
+    let activity = store.activity(customer_id, since, now, keep_from, 10).await?;
     let counts = &activity.days;
     let of = |pick: fn(&crate::store::insight::DayCounts) -> u64| -> Vec<u64> {
         days.iter().map(|(_, day)| counts.iter().find(|c| c.day == *day).map_or(0, pick)).collect()

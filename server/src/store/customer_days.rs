@@ -14,15 +14,21 @@
 //! - a delivery or read report, or an echo that settles a send whose outcome was unknown
 //!   (`store::ingress::apply`): [`changed`] adds the send's difference to its kept day;
 //! - a person's erasure (`store::privacy`): [`forget`] drops the customer's kept days;
-//! - retention drops the days whose rows it deletes (`store::retention`).
+//! - retention drops the days whose rows or reports it deletes (`store::retention`),
+//!   before it deletes them; and a view never keeps a day that retention could reach
+//!   while the overview shows it (`keep_from`).
 //!
 //! Each change also moves a generation on (`customer_day_changes`: the day's, or for an
 //! erasure the customer's), and a count is kept only if the generations read before it
 //! was counted still hold when it is written. Every transaction that moves a generation
-//! or keeps a day first locks the customer's own row of that table (day -1): so on
-//! PostgreSQL, too, no change can commit between a keep's check and its commit, and
-//! these transactions never wait for each other in two orders. A change that commits
-//! while a day is being counted makes that count be dropped, never kept stale.
+//! or keeps a day first locks the customer's own row of that table (day -1), and takes
+//! no other lock after it but those of this module's rows (a post applies its changes
+//! last, an erasure forgets last): so on PostgreSQL, too, no change can commit between a
+//! keep's check and its commit, and the lock closes no cycle. On PostgreSQL the posts
+//! about one message of a closed day are also applied one at a time (an advisory lock,
+//! `store::ingress::apply`), so that each counts its difference from what the last one
+//! left. A change that commits while a day is being counted makes that count be dropped,
+//! never kept stale.
 
 use super::insight::{DayCounts, DeliveryCounts, refusal_rule};
 use super::{Backend, Cols, Store, StoreError};
@@ -106,11 +112,8 @@ fn count(row: &impl Cols, column: &str) -> Result<u64, StoreError> {
 }
 
 /// Moves a closed day's generation on (or the customer's: [`CUSTOMER`]), in a change's
-/// transaction, the customer's row locked first.
+/// transaction (which, for a day, holds the customer's lock already).
 async fn move_on(tx: &mut Transaction<'static, Any>, customer_id: &str, day: i64) -> Result<(), StoreError> {
-    if day != CUSTOMER {
-        locked_generation(tx, customer_id).await?;
-    }
     sqlx::query(
         "INSERT INTO customer_day_changes (customer_id, day, gen) VALUES ($1, $2, 1) \
          ON CONFLICT (customer_id, day) DO UPDATE SET gen = customer_day_changes.gen + 1",
@@ -122,35 +125,47 @@ async fn move_on(tx: &mut Transaction<'static, Any>, customer_id: &str, day: i64
     Ok(())
 }
 
-/// A send of a day that has closed (by `now`) changed from `before` to `after`, in `tx`:
-/// its kept day, if any, counts the difference, and the day's generation moves on. A
-/// send of today changes nothing here (today is never kept).
-pub(in crate::store) async fn changed(
+/// Whether a send of `created_at` is of a UTC day that has closed by `now`.
+pub(in crate::store) fn closed(created_at: i64, now: i64) -> bool {
+    day_of(created_at) + DAY_MS <= now
+}
+
+/// Sends of days that have closed (by `now`) changed from `.0` to `.1`, in `tx`, whose
+/// other locks are all taken: each kept day counts the difference, and each such day's
+/// generation moves on, the customer's lock taken first. Sends of today change nothing
+/// here (today is never kept).
+pub(in crate::store) async fn apply_changes(
     tx: &mut Transaction<'static, Any>,
-    before: &SendCount,
-    after: &SendCount,
+    changes: &[(SendCount, SendCount)],
     now: i64,
 ) -> Result<(), StoreError> {
-    let day = day_of(after.created_at);
-    if day + DAY_MS > now {
-        return Ok(());
+    let mut days: BTreeMap<(&str, i64), [i64; 6]> = BTreeMap::new();
+    for (before, after) in changes.iter().filter(|(_, after)| closed(after.created_at, now)) {
+        let sum = days.entry((after.customer_id.as_str(), day_of(after.created_at))).or_default();
+        for ((sum, is), was) in sum.iter_mut().zip(after.columns()).zip(before.columns()) {
+            *sum += is - was;
+        }
     }
-    let (was, is) = (before.columns(), after.columns());
-    if was == is {
-        return Ok(());
+    days.retain(|_, sum| sum.iter().any(|n| *n != 0));
+    let mut locked = None;
+    for ((customer_id, day), sum) in days {
+        if locked != Some(customer_id) {
+            locked_generation(tx, customer_id).await?;
+            locked = Some(customer_id);
+        }
+        move_on(tx, customer_id, day).await?;
+        let mut update = sqlx::query(
+            "UPDATE customer_days SET sent = sent + $3, refused = refused + $4, failed = failed + $5, \
+             unknown = unknown + $6, delivered = delivered + $7, read_n = read_n + $8 \
+             WHERE customer_id = $1 AND day = $2",
+        )
+        .bind(customer_id)
+        .bind(day);
+        for n in sum {
+            update = update.bind(n);
+        }
+        update.execute(&mut **tx).await?;
     }
-    move_on(tx, &after.customer_id, day).await?;
-    let mut update = sqlx::query(
-        "UPDATE customer_days SET sent = sent + $3, refused = refused + $4, failed = failed + $5, \
-         unknown = unknown + $6, delivered = delivered + $7, read_n = read_n + $8 \
-         WHERE customer_id = $1 AND day = $2",
-    )
-    .bind(&after.customer_id)
-    .bind(day);
-    for (now, then) in is.iter().zip(was) {
-        update = update.bind(now - then);
-    }
-    update.execute(&mut **tx).await?;
     Ok(())
 }
 
@@ -209,12 +224,14 @@ const FIRST_ID: &str = "SELECT MIN(id + 0) AS lo FROM message_log WHERE created_
 impl Store {
     /// A customer's send attempts by day from `since` (rounded down to its UTC day) to
     /// `now`, with the delivery reports and refusals of that window: the kept days as
-    /// kept, the others counted from the log (and kept, those that have closed).
+    /// kept, the others counted from the log (and kept, those that have closed and start
+    /// at or after `keep_from`: retention may be deleting the rows of an older one).
     pub async fn activity(
         &self,
         customer_id: &str,
         since: i64,
         now: i64,
+        keep_from: i64,
         limit: usize,
     ) -> Result<Activity, StoreError> {
         let since = day_of(since);
@@ -231,7 +248,7 @@ impl Store {
                     continue;
                 }
                 let counted = counted.remove(&day).unwrap_or_else(|| Day::empty(day));
-                if day + DAY_MS + CLOSED_AFTER_MS <= now && counted.pending == 0 {
+                if day >= keep_from && day + DAY_MS + CLOSED_AFTER_MS <= now && counted.pending == 0 {
                     keep.push(counted.clone());
                 }
                 days.insert(day, counted);

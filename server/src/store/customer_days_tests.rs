@@ -19,9 +19,13 @@ async fn from_the_log(store: &Store, customer: &str, since: i64) -> Result<Activ
 
 /// `activity` with the days that have no attempt left out, as the log's answer has them.
 async fn activity(store: &Store, customer: &str, since: i64, now: i64) -> Result<Activity, StoreError> {
-    let mut activity = store.activity(customer, since, now, 10).await?;
+    let mut activity = store.activity(customer, since, now, i64::MIN, 10).await?;
     activity.days.retain(|d| d.sent + d.refused + d.failed + d.unknown > 0);
     Ok(activity)
+}
+
+async fn kept_days(store: &Store, customer: &str) -> Result<Vec<i64>, StoreError> {
+    Ok(kept(store, customer).await?.iter().map(|d| d.0).collect())
 }
 
 async fn kept(store: &Store, customer: &str) -> Result<Vec<(i64, i64)>, StoreError> {
@@ -57,6 +61,7 @@ async fn exercise(store: &Store) -> Result<(), StoreError> {
         (2, "allowed", "pending", false, false, false, "+14155550105"),
         (0, "allowed", "sent", true, true, true, "+14155550101"),
         (0, "refused", "refused", false, false, false, "+14155550101"),
+        (4, "allowed", "unknown", true, true, false, "+14155550106"),
     ];
     for &(back, decision, status, with_id, delivered, read, to) in rows {
         n += 1;
@@ -98,13 +103,22 @@ async fn exercise(store: &Store) -> Result<(), StoreError> {
         }
     }
     let log = from_the_log(store, &customer, since).await?;
-    assert_eq!(log.days.len(), 4, "{log:?}");
+    assert_eq!(log.days.len(), 5, "{log:?}");
     assert_eq!(activity(store, &customer, since, now).await?, log, "first view");
-    // Every closed day but the one with a pending send is kept, today is not.
-    let closed: Vec<i64> =
-        (1..=29).rev().map(|back| today - back * DAY_MS).filter(|d| *d != today - 2 * DAY_MS).collect();
-    let days = kept(store, &customer).await?;
-    assert_eq!(days.iter().map(|d| d.0).collect::<Vec<_>>(), closed);
+    // Every closed day but the one with a pending send is kept (yesterday only from an
+    // hour after midnight), today is not.
+    let closed = |d: &i64| *d + DAY_MS + CLOSED_AFTER_MS <= now;
+    let days: Vec<i64> = (1..=29).rev().map(|back| today - back * DAY_MS).filter(closed).collect();
+    let pending_day = today - 2 * DAY_MS;
+    assert_eq!(
+        kept_days(store, &customer).await?,
+        days.iter().copied().filter(|d| *d != pending_day).collect::<Vec<_>>()
+    );
+    // Once its send is settled (here as the sweep of orphans does), that day is kept too,
+    // and a view counts only today from the log (on PostgreSQL by looking each report up).
+    sqlx::query("UPDATE message_log SET status = 'unknown' WHERE status = 'pending'").execute(&store.write).await?;
+    assert_eq!(activity(store, &customer, since, now).await?, log, "the pending day counted again");
+    assert_eq!(kept_days(store, &customer).await?, days);
     assert_eq!(activity(store, &customer, since, now).await?, log, "from the kept days");
 
     // A late report: the kept day counts it, and its generation moves on.
@@ -124,18 +138,26 @@ async fn exercise(store: &Store) -> Result<(), StoreError> {
     let log = from_the_log(store, &customer, since).await?;
     assert_eq!((log.delivery.sent, log.delivery.read), (6, 3), "{log:?}");
     assert_eq!(activity(store, &customer, since, now).await?, log, "after an unknown send settled");
+    // The provider's echo of a send whose outcome was unknown, already reported delivered.
+    let echo =
+        Fact::SentEcho { external_id: "p12".into(), remote_jid: "14155550106@s.whatsapp.net".into(), timestamp: None };
+    store.apply_facts(&instance, &[echo], now_ms()).await?;
+    let log = from_the_log(store, &customer, since).await?;
+    assert_eq!((log.delivery.sent, log.delivery.delivered), (7, 7), "{log:?}");
+    assert_eq!(activity(store, &customer, since, now).await?, log, "after an echo");
 
-    // A count taken with the generations read before the two changes above moved
-    // their days on is not kept; with the generations as they are, it is.
+    // A count taken with the generations read before the changes above moved their
+    // days on is not kept; with the generations as they are, it is.
     sqlx::query("DELETE FROM customer_days WHERE customer_id = $1").bind(&customer).execute(&store.write).await?;
     let counted = store.count_days(&customer, since, today).await?;
     let closed_days: Vec<Day> = counted.into_values().filter(|d| d.pending == 0).collect();
-    assert_eq!(closed_days.iter().map(|d| d.counts.day).collect::<Vec<_>>(), vec![day5, today - 3 * DAY_MS]);
+    let with_rows: Vec<i64> = (2..=5).rev().map(|back| today - back * DAY_MS).collect();
+    assert_eq!(closed_days.iter().map(|d| d.counts.day).collect::<Vec<_>>(), with_rows);
     store.keep_days(&customer, &BTreeMap::new(), &closed_days).await?;
-    assert_eq!(kept(store, &customer).await?, vec![]);
+    assert_eq!(kept_days(store, &customer).await?, vec![pending_day], "only the day no change reached");
     let generations = store.generations(&customer, since).await?;
     store.keep_days(&customer, &generations, &closed_days).await?;
-    assert_eq!(kept(store, &customer).await?.iter().map(|d| d.0).collect::<Vec<_>>(), vec![day5, today - 3 * DAY_MS]);
+    assert_eq!(kept_days(store, &customer).await?, with_rows);
     sqlx::query("DELETE FROM customer_days WHERE customer_id = $1").bind(&customer).execute(&store.write).await?;
 
     // An erasure: the kept days go, and the next view counts the log as it is now.
@@ -144,10 +166,71 @@ async fn exercise(store: &Store) -> Result<(), StoreError> {
     assert!(kept(store, &customer).await?.is_empty());
     let log = from_the_log(store, &customer, since).await?;
     assert_eq!(log.refusals, vec![("policy_violation".into(), 2), ("policy_violation: marketing_content".into(), 1)]);
-    assert_eq!(activity(store, &customer, since, now).await?, log, "after an erasure");
+    // A view keeps no day before `keep_from` (retention may be deleting its rows).
+    let keep_from = today - 3 * DAY_MS;
+    let mut fresh = store.activity(&customer, since, now, keep_from, 10).await?;
+    fresh.days.retain(|d| d.sent + d.refused + d.failed + d.unknown > 0);
+    assert_eq!(fresh, log, "after an erasure");
+    assert_eq!(
+        kept_days(store, &customer).await?,
+        days.iter().copied().filter(|d| *d >= keep_from).collect::<Vec<_>>()
+    );
     // The other customer's days were counted apart all along.
     assert_eq!(activity(store, &other, since, now).await?, from_the_log(store, &other, since).await?);
     Ok(())
+}
+
+/// Two posts at once about one send of a kept day (its delivery and its read): the kept
+/// day counts each once, as the log does.
+async fn at_once(store: &Store) -> Result<(), StoreError> {
+    let now = now_ms();
+    let day = day_of(now) - 3 * DAY_MS;
+    let customer = store.create_customer("At once", None, true).await?.id;
+    let instance = store.create_instance(&customer, "at-once", "simulator", true, None).await?;
+    for i in 0..10 {
+        sqlx::query(
+            "INSERT INTO message_log (customer_id, instance_id, source, recipient, decision, status, \
+             provider_message_id, created_at) VALUES ($1, $2, 'api', '+14155550101', 'allowed', 'sent', $3, $4)",
+        )
+        .bind(&customer)
+        .bind(&instance.id)
+        .bind(format!("q{i}"))
+        .bind(day + i)
+        .execute(&store.write)
+        .await?;
+    }
+    let since = day_of(now) - 29 * DAY_MS;
+    activity(store, &customer, since, now).await?;
+    assert_eq!(kept(store, &customer).await?.iter().find(|d| d.0 == day), Some(&(day, 0)));
+    for i in 0..10 {
+        let report = |status: &str| {
+            let (store, instance) = (store.clone(), instance.clone());
+            let fact = Fact::Status { external_id: format!("q{i}"), remote_jid: None, status: status.into() };
+            tokio::spawn(async move { store.apply_facts(&instance, &[fact], now_ms()).await })
+        };
+        let (delivered, read) = (report("DELIVERY_ACK"), report("READ"));
+        delivered.await.expect("delivery")?;
+        read.await.expect("read")?;
+    }
+    let log = from_the_log(store, &customer, since).await?;
+    assert_eq!((log.delivery.delivered, log.delivery.read), (10, 10));
+    assert_eq!(activity(store, &customer, since, now).await?, log, "two posts at once");
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_posts_at_once_about_one_send_count_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("once.db").display());
+    let sqlite = Store::open(&url, 2, None).await.unwrap();
+    at_once(&sqlite).await.expect("SQLite");
+    sqlite.close().await;
+    let Some((store, admin, db)) = postgres_store("customer_days_once").await else {
+        return;
+    };
+    let done = at_once(&store).await;
+    drop_database(store, &admin, &db).await;
+    done.expect("PostgreSQL");
 }
 
 /// A keep waits for a change in flight to the same customer's days (its lock), and
@@ -165,7 +248,7 @@ async fn waits(store: &Store) -> Result<(), StoreError> {
         read: false,
     };
     let mut tx = super::super::ingress::write_transaction(&store.write).await?;
-    changed(&mut tx, &send("unknown"), &send("sent"), now_ms()).await?;
+    apply_changes(&mut tx, &[(send("unknown"), send("sent"))], now_ms()).await?;
     let keeping = {
         let (store, customer) = (store.clone(), customer.clone());
         tokio::spawn(async move { store.keep_days(&customer, &generations, &[Day::empty(day)]).await })

@@ -177,14 +177,15 @@ type Step = (&'static str, &'static str, fn(&RetentionPlan) -> i64);
 
 /// Every table that grows with traffic, and when its rows go.
 const STEPS: &[Step] = &[
+    // A customer's kept days whose rows or delivery reports go (`store::customer_days`;
+    // a report is never older than its send), before those rows: a kept day never
+    // counts rows already gone.
+    ("customer_days", "day < $1", |p| p.message_log_before.max(p.inbound_before)),
+    ("customer_day_changes", "day >= 0 AND day < $1", |p| p.message_log_before.max(p.inbound_before)),
     ("policy_inputs", "created_at < $1", |p| p.policy_inputs_before.max(p.message_log_before)),
     ("message_log", "created_at < $1 AND status <> 'pending'", |p| p.message_log_before),
     ("inbound_messages", "received_at < $1", |p| p.inbound_before),
     ("message_status", "updated_at < $1", |p| p.inbound_before),
-    // A customer's kept days whose rows or delivery reports go (`store::customer_days`):
-    // a report is never older than its send.
-    ("customer_days", "day < $1", |p| p.message_log_before.max(p.inbound_before)),
-    ("customer_day_changes", "day >= 0 AND day < $1", |p| p.message_log_before.max(p.inbound_before)),
     ("calls", "seen_at < $1", |p| p.inbound_before),
     ("provider_events", "received_at < $1 AND processed_at IS NOT NULL AND error IS NULL", |p| {
         p.provider_events_applied_before

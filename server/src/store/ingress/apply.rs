@@ -28,6 +28,8 @@ impl Store {
         for fact in facts {
             apply(&mut tx, instance, fact, received_at, &mut state, &mut applied).await?;
         }
+        // Last, so that the customer's lock is the last this transaction takes.
+        customer_days::apply_changes(&mut tx, &std::mem::take(&mut applied.days), now_ms()).await?;
         tx.commit().await?;
         if state != instance.connection_state {
             self.forget_cached();
@@ -257,6 +259,12 @@ async fn delivery_status(
 ) -> Result<(), StoreError> {
     let Post { tx, instance, received_at, applied } = post;
     let rank = status_rank(status);
+    // The send the status is about (its events name it), settled below by the
+    // provider's own event if its outcome was unknown.
+    let mut message = sent_message(tx, instance, external_id).await?;
+    if message.as_ref().is_some_and(|m| closed(m.created_at)) && lock_message(tx, instance, external_id).await? {
+        message = sent_message(tx, instance, external_id).await?;
+    }
     let reported = reports_of(tx, instance, external_id).await?;
     let previous = reported.as_ref().map(|r| r.rank);
     if previous.is_some_and(|p| p >= rank) {
@@ -284,9 +292,6 @@ async fn delivery_status(
     .bind(step(status == "ERROR"))
     .execute(&mut **tx)
     .await?;
-    // The send the status is about (its events name it), settled by the
-    // provider's own event if its outcome was unknown.
-    let message = sent_message(tx, instance, external_id).await?;
     let log = message.as_ref().map(|m| m.id);
     let settled = match message.as_ref().filter(|m| m.status == "unknown") {
         Some(m) => settle_unknown(tx, m.id, external_id).await?,
@@ -297,7 +302,7 @@ async fn delivery_status(
         let before = reported.as_ref().map_or((false, false), |r| (r.delivered, r.read));
         let after = (before.0 || (2..=4).contains(&rank), before.1 || (3..=4).contains(&rank));
         let status = if settled { "sent" } else { m.status.as_str() };
-        recount(tx, m, before, (status, after)).await?;
+        recount(applied, m, before, (status, after));
     }
     if let Some(m) = message.as_ref().filter(|_| settled) {
         let (to, message_purpose) = (m.recipient.clone(), m.purpose.clone());
@@ -351,9 +356,13 @@ async fn sent_echo(
     // The provider has the message. The row that already holds its id is the one
     // it belongs to: settled if its outcome was unknown, else nothing to do (the
     // echo of a send that was answered).
-    if let Some(m) = sent_message(tx, instance, external_id).await? {
+    let mut message = sent_message(tx, instance, external_id).await?;
+    if message.as_ref().is_some_and(|m| closed(m.created_at)) && lock_message(tx, instance, external_id).await? {
+        message = sent_message(tx, instance, external_id).await?;
+    }
+    if let Some(m) = message {
         if m.status == "unknown" && settle_unknown(tx, m.id, external_id).await? {
-            recount_settled(tx, instance, &m, external_id).await?;
+            recount_settled(tx, instance, applied, &m, external_id).await?;
             let (to, message_purpose, message_id) = (m.recipient, m.purpose, Some(external_id.to_string()));
             let log = Some(m.id);
             return emit!(
@@ -375,7 +384,11 @@ async fn sent_echo(
         applied.skipped += 1;
         return Ok(());
     };
-    let Some(m) = lost_send(tx, instance, &to, timestamp, received_at).await? else {
+    let mut found = lost_send(tx, instance, &to, timestamp, received_at).await?;
+    if found.as_ref().is_some_and(|m| closed(m.created_at)) && lock_message(tx, instance, external_id).await? {
+        found = lost_send(tx, instance, &to, timestamp, received_at).await?;
+    }
+    let Some(m) = found else {
         applied.skipped += 1;
         return Ok(());
     };
@@ -383,7 +396,7 @@ async fn sent_echo(
         applied.skipped += 1;
         return Ok(());
     }
-    recount_settled(tx, instance, &m, external_id).await?;
+    recount_settled(tx, instance, applied, &m, external_id).await?;
     let (message_purpose, message_id, log) = (m.purpose, Some(external_id.to_string()), Some(m.id));
     emit!(tx, instance, received_at, applied, log = log, MessageSent { to, message_purpose, message_id }).await
 }
@@ -604,14 +617,38 @@ async fn reports_of(
     .transpose()
 }
 
-/// A send changed from its status in `m` with `before` (delivered, read) to `after`:
-/// its customer's kept day follows (`store::customer_days`).
-async fn recount(
+/// Whether a send of `created_at` is of a UTC day that has closed (its customer's day
+/// may be kept: `store::customer_days`).
+fn closed(created_at: i64) -> bool {
+    customer_days::closed(created_at, now_ms())
+}
+
+/// On PostgreSQL, takes the lock of the provider's message `external_id` of `instance`
+/// until the transaction ends (whether it did): posts about a send of a closed day are
+/// applied one at a time, so that what each reads of the send and its reports is what
+/// its change starts from. On SQLite every post already is.
+async fn lock_message(
     tx: &mut Transaction<'static, Any>,
-    m: &SentMessage,
-    before: (bool, bool),
-    after: (&str, (bool, bool)),
-) -> Result<(), StoreError> {
+    instance: &Instance,
+    external_id: &str,
+) -> Result<bool, StoreError> {
+    if tx.backend_name() != "PostgreSQL" {
+        return Ok(false);
+    }
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || $2, 0))")
+        .bind(&instance.id)
+        .bind(external_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(true)
+}
+
+/// A send changed from its status in `m` with `before` (delivered, read) to `after`:
+/// its customer's kept day follows, at the end of the post (`store::customer_days`).
+fn recount(applied: &mut Applied, m: &SentMessage, before: (bool, bool), after: (&str, (bool, bool))) {
+    if !closed(m.created_at) {
+        return;
+    }
     let count = |status: &str, (delivered, read): (bool, bool)| SendCount {
         customer_id: m.customer_id.clone(),
         created_at: m.created_at,
@@ -620,7 +657,7 @@ async fn recount(
         delivered,
         read,
     };
-    customer_days::changed(tx, &count(&m.status, before), &count(after.0, after.1), now_ms()).await
+    applied.days.push((count(&m.status, before), count(after.0, after.1)));
 }
 
 /// An unknown send `m` was settled `sent` by the provider's `external_id`: its customer's
@@ -628,15 +665,17 @@ async fn recount(
 async fn recount_settled(
     tx: &mut Transaction<'static, Any>,
     instance: &Instance,
+    applied: &mut Applied,
     m: &SentMessage,
     external_id: &str,
 ) -> Result<(), StoreError> {
-    if m.created_at - m.created_at.rem_euclid(86_400_000) + 86_400_000 > now_ms() {
+    if !closed(m.created_at) {
         return Ok(()); // a send of today: no kept day to follow, and no read needed
     }
     let reported = reports_of(tx, instance, external_id).await?;
     let now = reported.as_ref().map_or((false, false), |r| (r.delivered, r.read));
-    recount(tx, m, now, ("sent", now)).await
+    recount(applied, m, now, ("sent", now));
+    Ok(())
 }
 
 /// Makes an `unknown` send `sent`, with the provider's id; whether this call did.

@@ -8,6 +8,7 @@
 //! that takes the write lock first, the outbox event every rule writes, and an
 //! instance read inside a transaction.
 
+use super::customer_days::SendCount;
 use super::{FromCols, Instance, StoreError, now_ms};
 use gateway_api::events;
 use serde_json::Value;
@@ -49,6 +50,9 @@ pub struct Applied {
     pub events: Vec<String>,
     /// Facts skipped as duplicates or stale.
     pub skipped: usize,
+    /// Sends the post changed, before and after, for their customers' kept days: applied
+    /// at the end of the post's transaction (`store::customer_days::apply_changes`).
+    pub(in crate::store) days: Vec<(SendCount, SendCount)>,
 }
 
 fn timestamp(ms: i64) -> String {
