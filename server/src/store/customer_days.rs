@@ -12,7 +12,7 @@
 //! its outcomes are settled then, but for what the provider tells later. Each such later
 //! change keeps the kept day exact, in the change's own transaction:
 //! - a delivery or read report, or an echo that settles a send whose outcome was unknown
-//!   (`store::ingress::apply`): [`changed`] adds the send's difference to its kept day;
+//!   (`store::ingress::apply`): [`apply_changes`] adds the send's difference to its kept day;
 //! - a person's erasure (`store::privacy`): [`forget`] drops the customer's kept days;
 //! - retention drops the days whose rows or reports it deletes (`store::retention`),
 //!   before it deletes them; and a view never keeps a day that retention could reach
@@ -67,7 +67,7 @@ pub struct Activity {
     pub refusals: Vec<(String, u64)>,
 }
 
-/// What one send counts for in its customer's day (`changed`).
+/// What one send counts for in its customer's day (`apply_changes`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(in crate::store) struct SendCount {
     pub customer_id: String,

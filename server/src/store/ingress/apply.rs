@@ -384,11 +384,10 @@ async fn sent_echo(
         applied.skipped += 1;
         return Ok(());
     };
-    let mut found = lost_send(tx, instance, &to, timestamp, received_at).await?;
-    if found.as_ref().is_some_and(|m| closed(m.created_at)) && lock_message(tx, instance, external_id).await? {
-        found = lost_send(tx, instance, &to, timestamp, received_at).await?;
-    }
-    let Some(m) = found else {
+    // No lock here: such a send is at most the settle window old, and a day is kept only
+    // an hour after it ended (`store::customer_days`). Another echo of the same message
+    // must not move on to another send once this one is settled.
+    let Some(m) = lost_send(tx, instance, &to, timestamp, received_at).await? else {
         applied.skipped += 1;
         return Ok(());
     };
