@@ -30,8 +30,8 @@
 //! left. A change that commits while a day is being counted makes that count be dropped,
 //! never kept stale.
 
-use super::insight::{DayCounts, DeliveryCounts, refusal_rule};
-use super::{Backend, Cols, Store, StoreError};
+use super::insight::{DayCounts, DeliveryCounts, count, refusal_rule, top_rules};
+use super::{Backend, Store, StoreError};
 use sqlx::{Any, Row, Transaction};
 use std::collections::BTreeMap;
 
@@ -88,27 +88,16 @@ impl Day {
 impl SendCount {
     /// (sent, refused, failed, unknown, delivered, read), as the overview counts it.
     fn columns(&self) -> [i64; 6] {
-        let sent = self.decision != "refused" && self.status == "sent";
-        let bucket = match (self.decision.as_str(), self.status.as_str()) {
-            ("refused", _) => 1,
-            (_, "sent") => 0,
-            (_, "failed") => 2,
-            _ => 3,
-        };
-        let mut columns = [0; 6];
-        columns[bucket] = 1;
-        columns[4] = i64::from(sent && self.delivered);
-        columns[5] = i64::from(sent && self.read);
-        columns
+        let mut c = DayCounts::default();
+        c.add(&self.decision, &self.status, 1);
+        let sent = c.sent == 1;
+        [c.sent, c.refused, c.failed, c.unknown, u64::from(sent && self.delivered), u64::from(sent && self.read)]
+            .map(|n| n as i64)
     }
 }
 
 fn day_of(at: i64) -> i64 {
     at - at.rem_euclid(DAY_MS)
-}
-
-fn count(row: &impl Cols, column: &str) -> Result<u64, StoreError> {
-    Ok(row.col::<Option<i64>>(column)?.unwrap_or(0).max(0) as u64)
 }
 
 /// Moves a closed day's generation on (or the customer's: [`CUSTOMER`]), in a change's
@@ -270,10 +259,7 @@ impl Store {
             }
             activity.days.push(day.counts);
         }
-        let mut refusals: Vec<(String, u64)> = refusals.into_iter().collect();
-        refusals.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        refusals.truncate(limit);
-        activity.refusals = refusals;
+        activity.refusals = top_rules(refusals, limit);
         Ok(activity)
     }
 
@@ -351,16 +337,9 @@ impl Store {
             let status: String = r.try_get("status")?;
             let n = count(r, "n")?;
             let d = days.entry(day).or_insert_with(|| Day::empty(day));
-            match (decision.as_str(), status.as_str()) {
-                ("refused", _) => d.counts.refused += n,
-                (_, "sent") => d.counts.sent += n,
-                (_, "failed") => d.counts.failed += n,
-                (_, status) => {
-                    d.counts.unknown += n;
-                    if status == "pending" {
-                        d.pending += n;
-                    }
-                }
+            d.counts.add(&decision, &status, n);
+            if status == "pending" {
+                d.pending += n;
             }
         }
         let reports = if which == 1 && to - from <= SHORT { REPORTS[2] } else { REPORTS[which] };

@@ -90,7 +90,28 @@ macro_rules! of_customer {
     };
 }
 
-fn count(row: &impl Cols, column: &str) -> Result<u64, StoreError> {
+impl DayCounts {
+    /// Counts `n` attempts of `decision` and `status` in their outcome: refused, sent,
+    /// failed, or else unknown (pending too).
+    pub fn add(&mut self, decision: &str, status: &str, n: u64) {
+        match (decision, status) {
+            ("refused", _) => self.refused += n,
+            (_, "sent") => self.sent += n,
+            (_, "failed") => self.failed += n,
+            _ => self.unknown += n,
+        }
+    }
+}
+
+/// Rules by count, most first (ties by name), at most `limit`.
+pub(super) fn top_rules(rules: BTreeMap<String, u64>, limit: usize) -> Vec<(String, u64)> {
+    let mut rules: Vec<(String, u64)> = rules.into_iter().collect();
+    rules.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    rules.truncate(limit);
+    rules
+}
+
+pub(super) fn count(row: &impl Cols, column: &str) -> Result<u64, StoreError> {
     Ok(row.col::<Option<i64>>(column)?.unwrap_or(0).max(0) as u64)
 }
 
@@ -137,13 +158,7 @@ impl Store {
             let decision: String = row.try_get("decision")?;
             let status: String = row.try_get("status")?;
             let n = count(row, "n")?;
-            let entry = days.entry(day).or_insert_with(|| DayCounts { day, ..DayCounts::default() });
-            match (decision.as_str(), status.as_str()) {
-                ("refused", _) => entry.refused += n,
-                (_, "sent") => entry.sent += n,
-                (_, "failed") => entry.failed += n,
-                _ => entry.unknown += n,
-            }
+            days.entry(day).or_insert_with(|| DayCounts { day, ..DayCounts::default() }).add(&decision, &status, n);
         }
         Ok(days.into_values().collect())
     }
@@ -183,10 +198,7 @@ impl Store {
             let trace: Option<String> = row.try_get("policy_trace")?;
             *rules.entry(refusal_rule(code.as_deref(), trace.as_deref())).or_default() += count(row, "n")?;
         }
-        let mut rules: Vec<(String, u64)> = rules.into_iter().collect();
-        rules.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        rules.truncate(limit);
-        Ok(rules)
+        Ok(top_rules(rules, limit))
     }
 
     /// An instance's ban-risk signals over the 7 days before `now`.
